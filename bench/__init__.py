@@ -1,0 +1,1 @@
+"""Microbenchmarks of chatlab's hot paths, each runnable as ``python -m bench.<name>``."""

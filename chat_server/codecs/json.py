@@ -1,0 +1,248 @@
+"""The contract's JSON form over the standard library ``json`` (``SERIALIZER=json``).
+
+:class:`JsonFormCodec` holds what every JSON codec shares: text frames only, the
+``type`` dispatch, structural checks by ``msgspec.convert`` and the exact JSON of
+each kind; a subclass only says how to parse text and how to dump a dict to bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from chat_server.codecs.base import Codec
+from chat_server.errors import CodecError, ErrorCode
+from chat_server.messages import (
+    CLIENT_KINDS,
+    SERVER_KINDS,
+    Ack,
+    ClientMessage,
+    Message,
+    Send,
+    ServerMessage,
+)
+
+#: the longest ``ref`` an error frame echoes back (the contract's limit for ``ref``)
+MAX_ECHOED_REF_CHARS = 64
+#: the longest piece of client input quoted in an error's detail
+_MAX_QUOTED_CHARS = 32
+
+_convert = msgspec.convert
+_to_builtins = msgspec.to_builtins
+_ValidationError = msgspec.ValidationError
+_BAD_REQUEST = ErrorCode.BAD_REQUEST
+
+_JSON_TYPE_NAMES: dict[type, str] = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
+
+# ---- encoding: the exact JSON of each kind -----------------------------------
+# Hand-built dicts for the hot kinds measured faster than msgspec.to_builtins
+# (see bench/codecs.py); they give the same keys in the same order and, like the
+# Structs' omit_defaults, leave out an optional field that is None.
+
+
+def _message_dict(m: Message) -> dict[str, Any]:
+    ref = m.ref
+    if ref is None:
+        return {
+            "type": "message",
+            "room": m.room,
+            "seq": m.seq,
+            "user": m.user,
+            "body": m.body,
+            "ts": m.ts,
+        }
+    return {
+        "type": "message",
+        "room": m.room,
+        "seq": m.seq,
+        "user": m.user,
+        "body": m.body,
+        "ts": m.ts,
+        "ref": ref,
+    }
+
+
+def _ack_dict(m: Ack) -> dict[str, Any]:
+    ref = m.ref
+    if ref is None:
+        return {"type": "ack", "room": m.room, "seq": m.seq}
+    return {"type": "ack", "room": m.room, "seq": m.seq, "ref": ref}
+
+
+def _send_dict(m: Send) -> dict[str, Any]:
+    ref = m.ref
+    if ref is None:
+        return {"type": "send", "room": m.room, "body": m.body}
+    return {"type": "send", "room": m.room, "body": m.body, "ref": ref}
+
+
+_ToDict = Callable[[Any], Any]
+_SERVER_DICTS: dict[type, _ToDict] = {cls: _to_builtins for cls in SERVER_KINDS.values()}
+_SERVER_DICTS |= {Message: _message_dict, Ack: _ack_dict}
+_CLIENT_DICTS: dict[type, _ToDict] = {cls: _to_builtins for cls in CLIENT_KINDS.values()}
+_CLIENT_DICTS[Send] = _send_dict
+
+
+# ---- decoding errors: off the hot path ----------------------------------------
+
+
+def _quote(value: str) -> str:
+    """Return ``value`` quoted for an error detail, cut to a few dozen characters."""
+    if len(value) > _MAX_QUOTED_CHARS:
+        return repr(value[:_MAX_QUOTED_CHARS]) + "..."
+    return repr(value)
+
+
+def _echoed_ref(obj: object) -> str | None:
+    """Return the frame's ``ref`` if it is one an error frame may echo, else None."""
+    if obj.__class__ is dict:
+        ref = obj.get("ref")  # type: ignore[attr-defined]
+        if ref.__class__ is str and len(ref) <= MAX_ECHOED_REF_CHARS:
+            return ref
+    return None
+
+
+def _kind_error(obj: object, kinds: dict[str, Any]) -> CodecError:
+    """Return the ``bad_request`` for a parsed frame whose ``type`` names no kind."""
+    if obj.__class__ is not dict:
+        what = _JSON_TYPE_NAMES.get(obj.__class__, obj.__class__.__name__)
+        return CodecError(_BAD_REQUEST, f"expected a JSON object, got {what}")
+    ref = _echoed_ref(obj)
+    if "type" not in obj:  # type: ignore[operator]
+        return CodecError(_BAD_REQUEST, "Object missing required field `type`", ref)
+    kind = obj["type"]  # type: ignore[index]
+    if kind.__class__ is not str:
+        what = _JSON_TYPE_NAMES.get(kind.__class__, kind.__class__.__name__)
+        return CodecError(_BAD_REQUEST, f"`type` must be a string, got {what}", ref)
+    known = ", ".join(kinds)
+    return CodecError(_BAD_REQUEST, f"unknown type {_quote(kind)} (expected one of {known})", ref)
+
+
+def _wrong_frame(frame: object) -> CodecError:
+    """Return the ``unsupported`` for anything but a text frame."""
+    if isinstance(frame, bytes | bytearray | memoryview):
+        return CodecError(ErrorCode.UNSUPPORTED, "binary frame on a JSON connection")
+    return CodecError(ErrorCode.UNSUPPORTED, f"expected a text frame, got {type(frame).__name__}")
+
+
+class JsonFormCodec(Codec):
+    """Base of the JSON codecs: the contract's JSON form over a subclass's parser.
+
+    Decoding accepts only ``str`` (a text frame) and returns a message whose fields
+    have exactly the Struct's types (no bool for an int, integers within int64);
+    every failure is a :class:`CodecError`. Encoding returns compact UTF-8 JSON
+    with the contract's keys, optional fields left out when None.
+    """
+
+    subprotocol = "chatlab.json"
+    binary = False
+
+    @staticmethod
+    def _loads(text: str) -> Any:
+        """Parse JSON text; raise ValueError or RecursionError when it is not valid."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _dumps(obj: Any) -> bytes:
+        """Return ``obj`` as compact UTF-8 JSON."""
+        raise NotImplementedError
+
+    def decode_client(self, frame: bytes | str) -> ClientMessage:
+        """Turn a text frame into a client message, or raise ``CodecError``."""
+        if frame.__class__ is not str:
+            raise _wrong_frame(frame)
+        try:
+            obj = self._loads(frame)  # type: ignore[arg-type]
+        except (ValueError, RecursionError) as exc:
+            raise CodecError(_BAD_REQUEST, f"invalid JSON: {exc}") from None
+        try:
+            cls = CLIENT_KINDS[obj["type"]]
+        except (KeyError, TypeError):
+            raise _kind_error(obj, CLIENT_KINDS) from None
+        try:
+            return _convert(obj, cls)
+        except (_ValidationError, RecursionError) as exc:
+            raise CodecError(_BAD_REQUEST, str(exc), _echoed_ref(obj)) from None
+
+    def encode_server(self, message: ServerMessage) -> bytes:
+        """Return the UTF-8 JSON of a server message, exactly the contract's form."""
+        return self._dumps(_SERVER_DICTS[message.__class__](message))
+
+    def decode_server(self, frame: bytes | str) -> ServerMessage:
+        """Client side: turn a text frame into a server message, or raise ``CodecError``."""
+        if frame.__class__ is not str:
+            raise _wrong_frame(frame)
+        try:
+            obj = self._loads(frame)  # type: ignore[arg-type]
+        except (ValueError, RecursionError) as exc:
+            raise CodecError(_BAD_REQUEST, f"invalid JSON: {exc}") from None
+        try:
+            cls = SERVER_KINDS[obj["type"]]
+        except (KeyError, TypeError):
+            raise _kind_error(obj, SERVER_KINDS) from None
+        try:
+            return _convert(obj, cls)
+        except (_ValidationError, RecursionError) as exc:
+            raise CodecError(_BAD_REQUEST, str(exc), _echoed_ref(obj)) from None
+
+    def encode_client(self, message: ClientMessage) -> bytes:
+        """Client side: return the UTF-8 JSON of a client message."""
+        return self._dumps(_CLIENT_DICTS[message.__class__](message))
+
+
+# ---- the standard library codec ----------------------------------------------
+
+_encode_text = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_json_loads = json.loads
+
+
+def _require_utf8_strings(obj: Any) -> None:
+    """Raise UnicodeEncodeError if any string (key or value) in ``obj`` is not valid UTF-8.
+
+    Only a lone surrogate (``"\\ud800"`` in the text, or in the ``str`` itself)
+    fails; such a string could not be encoded into any outgoing frame.
+    """
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        cls = item.__class__
+        if cls is str:
+            item.encode()
+        elif cls is dict:
+            for key, value in item.items():
+                key.encode()
+                stack.append(value)
+        elif cls is list:
+            stack.extend(item)
+
+
+def _stdlib_loads(text: str) -> Any:
+    obj = _json_loads(text)
+    # A lone surrogate can only come from a \u escape or a non-ASCII str.
+    if not text.isascii() or "\\u" in text:
+        _require_utf8_strings(obj)
+    return obj
+
+
+def _stdlib_dumps(obj: Any) -> bytes:
+    return _encode_text(obj).encode()
+
+
+class JsonCodec(JsonFormCodec):
+    """``SERIALIZER=json``: the standard library's parser and encoder."""
+
+    name = "json"
+    _loads = staticmethod(_stdlib_loads)
+    _dumps = staticmethod(_stdlib_dumps)

@@ -1,0 +1,292 @@
+"""Rooms, membership, presence, rate limits and delivery order, with no I/O.
+
+The core owns the state of every connection (a :class:`Session`) and every room
+(a :class:`Room`). It writes frames through the ``send`` callable each session
+was opened with and closes connections through ``close``; it never awaits, never
+touches a socket and never imports asyncio, so tests drive it with plain lists.
+Durable storage and the history reads are the caller's (``chat_server.service``):
+the core validates a ``send`` into a :class:`~chat_server.messages.Message`,
+and delivers a message once the caller reports it committed.
+
+Delivery order: a room's messages are delivered in ``seq`` order because the
+store reports commits in order and :meth:`ChatCore.deliver` runs synchronously.
+A member joining with ``since`` is *replaying* until the caller has sent it every
+stored message up to the room's last committed ``seq``; only then does
+:meth:`ChatCore.replay_caught_up` make it live, with no await in between, so the
+seam has no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from chat_server.core.validation import check_room, check_send, history_limit
+from chat_server.errors import UNCOUNTED_CODES, ErrorCode, ProtocolError
+from chat_server.messages import (
+    Ack,
+    Error,
+    HistoryRequest,
+    Join,
+    Joined,
+    Leave,
+    Message,
+    Presence,
+    Send,
+    Welcome,
+)
+
+if TYPE_CHECKING:
+    from chat_server.codecs.base import Codec
+
+SendFrame = Callable[[bytes], None]
+CloseConnection = Callable[[int, str], None]
+
+CLOSE_POLICY_VIOLATION = 1008
+
+
+class Session:
+    """One connection's state: its user, rooms, rate-limit bucket and error count."""
+
+    __slots__ = (
+        "close",
+        "closed",
+        "errors",
+        "limited_at",
+        "rooms",
+        "send",
+        "stamp",
+        "tokens",
+        "user",
+    )
+
+    def __init__(
+        self, user: str, send: SendFrame, close: CloseConnection, burst: int, now: float
+    ) -> None:
+        self.user = user
+        self.send = send
+        self.close = close
+        #: room name -> True when live, False while replaying
+        self.rooms: dict[str, bool] = {}
+        self.errors = 0
+        self.tokens = float(burst)
+        self.stamp = now
+        self.limited_at: deque[float] = deque(maxlen=burst)
+        self.closed = False
+
+
+class Room:
+    """One room's members: live ones get messages, replaying ones wait for their replay."""
+
+    __slots__ = ("live", "name", "replaying", "users")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: live member sessions -> their send callable (iterated per message)
+        self.live: dict[Session, SendFrame] = {}
+        self.replaying: set[Session] = set()
+        #: user -> how many of the user's connections are in the room, in order of first join
+        self.users: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.live) + len(self.replaying)
+
+    def sessions(self) -> list[Session]:
+        """Every member session, live or replaying."""
+        return [*self.live, *self.replaying]
+
+
+class ChatCore:
+    """The chat protocol's state machine over sessions and rooms."""
+
+    def __init__(
+        self,
+        codec: Codec,
+        last_seq: Callable[[str], int],
+        *,
+        max_body_chars: int,
+        max_protocol_errors: int,
+        rate_limit_per_s: float,
+        rate_limit_burst: int,
+    ) -> None:
+        self.codec = codec
+        self.encode = codec.encode_server
+        self.last_seq = last_seq
+        self.max_body_chars = max_body_chars
+        self.max_protocol_errors = max_protocol_errors
+        self.rate = rate_limit_per_s
+        self.burst = rate_limit_burst
+        self.flood_window_s = rate_limit_burst / rate_limit_per_s
+        self.rooms: dict[str, Room] = {}
+        self.sessions: set[Session] = set()
+
+    # ---- connections ---------------------------------------------------------------
+
+    def open_session(
+        self, user: str, send: SendFrame, close: CloseConnection, now: float
+    ) -> Session:
+        """Register a new connection and send its ``welcome``."""
+        session = Session(user, send, close, self.burst, now)
+        self.sessions.add(session)
+        send(self.encode(Welcome(user=user, codec=self.codec.name)))
+        return session
+
+    def close_session(self, session: Session) -> None:
+        """Forget a connection: leave every room (presence ``leave`` where it was the last)."""
+        session.closed = True
+        for room_name in list(session.rooms):
+            self._remove_member(session, room_name)
+        self.sessions.discard(session)
+
+    # ---- rate limit and errors -------------------------------------------------------
+
+    def take_token(self, session: Session, now: float) -> bool:
+        """Draw one token from the session's bucket; False when it is empty."""
+        tokens = session.tokens + (now - session.stamp) * self.rate
+        tokens = min(tokens, self.burst)
+        session.stamp = now
+        if tokens >= 1.0:
+            session.tokens = tokens - 1.0
+            return True
+        session.tokens = tokens
+        return False
+
+    def rate_limited(self, session: Session, now: float) -> None:
+        """Answer ``rate_limited``; close 1008 when the replies amount to a flood."""
+        limited_at = session.limited_at
+        limited_at.append(now)
+        self._send_error(session, ErrorCode.RATE_LIMITED, "too many frames", None)
+        if len(limited_at) == self.burst and now - limited_at[0] <= self.flood_window_s:
+            self._close(session, CLOSE_POLICY_VIOLATION, "rate_limited: flood")
+
+    def fail(self, session: Session, error: ProtocolError) -> None:
+        """Answer an error frame; close 1008 once the counted errors reach the limit."""
+        self._send_error(session, error.code, error.detail, error.ref)
+        if error.code in UNCOUNTED_CODES:
+            return
+        session.errors += 1
+        if session.errors >= self.max_protocol_errors:
+            self._close(session, CLOSE_POLICY_VIOLATION, f"too many protocol errors ({error.code})")
+
+    def _send_error(self, session: Session, code: ErrorCode, detail: str, ref: str | None) -> None:
+        session.send(self.encode(Error(code=code.value, detail=detail, ref=ref)))
+
+    def _close(self, session: Session, code: int, reason: str) -> None:
+        if not session.closed:
+            session.closed = True
+            session.close(code, reason)
+
+    # ---- join / leave ----------------------------------------------------------------
+
+    def join(self, session: Session, message: Join) -> bool:
+        """Join a room and answer ``joined``; True when the caller must replay from ``since``.
+
+        Presence ``join`` goes to the other members on the user's first connection
+        in the room. Without ``since`` the member is live at once.
+        """
+        room_name = message.room
+        check_room(room_name)
+        room = self.rooms.get(room_name)
+        if room is None:
+            room = self.rooms[room_name] = Room(room_name)
+        replay = message.since is not None
+        if room_name not in session.rooms:
+            count = room.users.get(session.user, 0)
+            room.users[session.user] = count + 1
+            if count == 0:
+                self._presence(room, session.user, "join")
+        else:
+            room.live.pop(session, None)
+            room.replaying.discard(session)
+        joined = Joined(room=room_name, members=list(room.users), last_seq=self.last_seq(room_name))
+        session.send(self.encode(joined))
+        if replay:
+            session.rooms[room_name] = False
+            room.replaying.add(session)
+        else:
+            session.rooms[room_name] = True
+            room.live[session] = session.send
+        return replay
+
+    def replay_caught_up(self, session: Session, room_name: str, cursor: int) -> bool:
+        """Make a replaying member live if ``cursor`` reached the room's last ``seq``.
+
+        Returns True when the replay is over (caught up, or the member left or
+        disconnected meanwhile); False when more stored messages must be sent first.
+        """
+        room = self.rooms.get(room_name)
+        if session.closed or room is None or session not in room.replaying:
+            return True
+        if cursor < self.last_seq(room_name):
+            return False
+        room.replaying.discard(session)
+        room.live[session] = session.send
+        session.rooms[room_name] = True
+        return True
+
+    def leave(self, session: Session, message: Leave) -> None:
+        """Leave a room (no reply); ``not_in_room`` when not joined."""
+        check_room(message.room)
+        if message.room not in session.rooms:
+            raise ProtocolError(ErrorCode.NOT_IN_ROOM, f"not in room {message.room}")
+        self._remove_member(session, message.room)
+
+    def _remove_member(self, session: Session, room_name: str) -> None:
+        session.rooms.pop(room_name, None)
+        room = self.rooms.get(room_name)
+        if room is None:
+            return
+        room.live.pop(session, None)
+        room.replaying.discard(session)
+        count = room.users.get(session.user, 0) - 1
+        if count > 0:
+            room.users[session.user] = count
+            return
+        room.users.pop(session.user, None)
+        if len(room) == 0:
+            del self.rooms[room_name]
+        else:
+            self._presence(room, session.user, "leave")
+
+    def _presence(self, room: Room, user: str, event: str) -> None:
+        frame = self.encode(Presence(room=room.name, user=user, event=event))
+        for member in room.sessions():
+            if member.user != user:
+                member.send(frame)
+
+    # ---- messages --------------------------------------------------------------------
+
+    def accept_send(self, session: Session, message: Send, now_ms: int) -> Message:
+        """Validate a ``send`` and return the message to store (``seq`` 0, ``ts`` now)."""
+        room, body, ref = message.room, message.body, message.ref
+        check_send(room, body, ref, self.max_body_chars)
+        if room not in session.rooms:
+            raise ProtocolError(ErrorCode.NOT_IN_ROOM, f"not in room {room}", ref)
+        return Message(room=room, seq=0, user=session.user, body=body, ts=now_ms, ref=ref)
+
+    def deliver(self, message: Message) -> None:
+        """Send a committed message to the room's live members, encoded once."""
+        room = self.rooms.get(message.room)
+        if room is None or not room.live:
+            return
+        frame = self.encode(message)
+        for send in room.live.values():
+            send(frame)
+
+    def ack(self, session: Session, message: Message) -> None:
+        """Acknowledge a committed message to its sender."""
+        if not session.closed:
+            session.send(self.encode(Ack(room=message.room, seq=message.seq, ref=message.ref)))
+
+    def store_failed(self, session: Session, message: Message, error: ProtocolError) -> None:
+        """Tell a sender its message was not stored (``unavailable`` or ``internal``)."""
+        if not session.closed:
+            self._send_error(session, error.code, error.detail, message.ref)
+
+    @staticmethod
+    def check_history(message: HistoryRequest) -> int:
+        """Validate a ``history`` request; return its page size."""
+        limit = history_limit(message.limit)
+        check_room(message.room)
+        return limit

@@ -1,0 +1,56 @@
+"""Process runtime: the event loop choice, CPU affinity, open-files limit and signals.
+
+Each toggle is applied once, here, at start: nothing on the per-message path
+asks which loop or which cores are in use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import signal
+from collections.abc import Callable
+
+import psutil
+
+log = logging.getLogger("chat_server")
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """Return a factory for the ``EVENT_LOOP`` named ``asyncio`` or ``uvloop``."""
+    if name == "uvloop":
+        import uvloop  # noqa: PLC0415  (only imported when chosen)
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+def pin_cpus(cores: tuple[int, ...] | None) -> None:
+    """Pin this process to ``cores`` (None: leave the scheduler free)."""
+    if cores is not None:
+        psutil.Process().cpu_affinity(list(cores))
+
+
+def raise_open_files_limit(connections: int) -> int:
+    """Raise the soft open-files limit towards what ``connections`` need; return the new limit.
+
+    Each connection is one file descriptor; a margin covers the database, logs
+    and listening sockets. The limit never goes above the hard limit.
+    """
+    wanted = connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft < wanted:
+        log.warning("open-files limit %d is below the %d that MAX_CONNECTIONS needs", soft, wanted)
+    return soft
+
+
+def on_stop_signals(callback: Callable[[], None]) -> None:
+    """Call ``callback`` on the running loop when SIGTERM or SIGINT arrives."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, callback)

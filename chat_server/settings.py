@@ -1,0 +1,486 @@
+"""Settings: every toggle of the chat server, read once from ``.env`` and the environment.
+
+:meth:`Settings.load` merges ``.env`` (from the working directory) with the process
+environment (the environment wins), parses and validates every value, and returns
+one frozen object that is passed explicitly to whatever needs it. A bad value
+raises :class:`SettingError`, which ``python -m chat_server`` turns into one line
+naming the variable, the value and what is allowed, and exit status 2. A value
+whose feature is not built yet is refused the same way, saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dotenv import dotenv_values
+
+
+class SettingError(ValueError):
+    """A setting's value is not allowed; ``str()`` is the one line to print."""
+
+    def __init__(self, name: str, value: str, allowed: str) -> None:
+        super().__init__(f"bad setting {name}={value!r}: {allowed}")
+        self.name = name
+        self.value = value
+        self.allowed = allowed
+
+
+# ---- parsers: str -> value, raising ValueError(allowed) -----------------------------
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"allowed: {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def _on_off(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ValueError("allowed: on, off")
+
+
+def _int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError(_range_text(low, high, "an integer")) from None
+        if value < low or (high is not None and value > high):
+            raise ValueError(_range_text(low, high, "an integer"))
+        return value
+
+    return parse
+
+
+def _float(low: float, high: float | None = None) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(_range_text(low, high, "a number")) from None
+        if not value >= low or (high is not None and value > high):
+            raise ValueError(_range_text(low, high, "a number"))
+        return value
+
+    return parse
+
+
+def _range_text(low: float, high: float | None, kind: str) -> str:
+    if high is None:
+        return f"allowed: {kind} >= {low}"
+    return f"allowed: {kind} from {low} to {high}"
+
+
+def _text(raw: str) -> str:
+    value = raw.strip()
+    if not value:
+        raise ValueError("allowed: a non-empty string")
+    return value
+
+
+def _optional_text(raw: str) -> str:
+    return raw.strip()
+
+
+_CORE_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def parse_core_list(raw: str) -> tuple[int, ...] | None:
+    """Parse ``off`` or a core list (``0``, ``0,1``, ``0-3``) checked against this process's cores.
+
+    The check uses ``os.sched_getaffinity``: the cores this process may run on,
+    which in a container or under ``taskset`` is fewer than the machine's count.
+    """
+    value = raw.strip().lower().replace(" ", "")
+    usable = sorted(os.sched_getaffinity(0))
+    allowed = f"allowed: off, or a list of usable cores such as 0, 0,1 or 0-1 (usable: {usable})"
+    if value == "off":
+        return None
+    if not _CORE_LIST.match(value):
+        raise ValueError(allowed)
+    cores: set[int] = set()
+    for part in value.split(","):
+        first, _, last = part.partition("-")
+        start, end = int(first), int(last or first)
+        if end < start:
+            raise ValueError(allowed)
+        cores.update(range(start, end + 1))
+    if not cores <= set(usable):
+        raise ValueError(allowed)
+    return tuple(sorted(cores))
+
+
+ASYMMETRIC_JWT_ALGORITHMS = ("EdDSA", "ES256", "ES384", "ES512", "RS256", "RS384", "RS512", "PS256")
+
+
+def _jwt_algorithm(raw: str) -> str:
+    value = raw.strip()
+    if value not in ASYMMETRIC_JWT_ALGORITHMS:
+        raise ValueError(
+            "allowed: " + ", ".join(ASYMMETRIC_JWT_ALGORITHMS) + " (never none, never HS*)"
+        )
+    return value
+
+
+# ---- the table of settings ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One setting: its environment name, default, parser and one line of help."""
+
+    env: str
+    field: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+    #: values accepted by the contract but whose feature is not built yet
+    not_built: Callable[[Any], bool] | None = None
+
+
+def _not(*built: Any) -> Callable[[Any], bool]:
+    return lambda value: value not in built
+
+
+REGRESSIONS = (
+    "off",
+    "commit_per_message",
+    "encode_per_recipient",
+    "blocking_loop",
+    "auth_inline",
+    "deflate_max_window",
+)
+
+SPECS: tuple[Spec, ...] = (
+    Spec("CHAT_HOST", "host", "127.0.0.1", _text, "address the chat server listens on"),
+    Spec(
+        "CHAT_PORT", "port", "8000", _int(1, 65535), "port of the websocket path /ws and /healthz"
+    ),
+    Spec(
+        "SERIALIZER",
+        "serializer",
+        "orjson",
+        _choice("json", "orjson", "protobuf"),
+        "wire codec: json (stdlib), orjson, protobuf (binary frames)",
+    ),
+    Spec(
+        "EVENT_LOOP",
+        "event_loop",
+        "uvloop",
+        _choice("asyncio", "uvloop"),
+        "event loop implementation",
+    ),
+    Spec(
+        "WS_DEFLATE",
+        "ws_deflate",
+        "off",
+        _on_off,
+        "offer permessage-deflate (window 2^12, memLevel 5: ~64 KiB per connection)",
+    ),
+    Spec(
+        "CPU_AFFINITY",
+        "cpu_affinity",
+        "off",
+        parse_core_list,
+        "pin the process to these cores (off, 0, 0,1, 0-1)",
+    ),
+    Spec(
+        "WORKERS",
+        "workers",
+        "1",
+        _int(1, 1024),
+        "server processes sharing the port",
+        not_built=_not(1),
+    ),
+    Spec(
+        "BROKER",
+        "broker",
+        "memory",
+        _choice("memory", "redis"),
+        "fan-out between processes: memory (one process) or redis",
+        not_built=_not("memory"),
+    ),
+    Spec("REDIS_URL", "redis_url", "redis://127.0.0.1:6379/0", _text, "used when BROKER=redis"),
+    Spec("CHAT_DB", "chat_db", "data/chat.sqlite3", _text, "SQLite file holding rooms' history"),
+    Spec(
+        "CHAT_DB_SYNCHRONOUS",
+        "chat_db_synchronous",
+        "normal",
+        _choice("normal", "full"),
+        "SQLite synchronous level: normal survives kill -9, full also power loss",
+    ),
+    Spec(
+        "STORE_QUEUE_MAX",
+        "store_queue_max",
+        "10000",
+        _int(1),
+        "messages waiting for the history writer; past it a send gets unavailable",
+    ),
+    Spec(
+        "STORE_BATCH_MAX", "store_batch_max", "1000", _int(1), "most messages in one group commit"
+    ),
+    Spec(
+        "JWT_PUBLIC_KEY",
+        "jwt_public_key",
+        "keys/jwt_public.pem",
+        _text,
+        "PEM public key the chat server verifies tokens with",
+    ),
+    Spec(
+        "JWT_ALGORITHM",
+        "jwt_algorithm",
+        "EdDSA",
+        _jwt_algorithm,
+        "the only token algorithm accepted",
+    ),
+    Spec("JWT_ISSUER", "jwt_issuer", "chatlab-auth", _text, "required iss of every token"),
+    Spec("JWT_AUDIENCE", "jwt_audience", "chatlab-chat", _text, "required aud of every token"),
+    Spec(
+        "JWT_JWKS_URL",
+        "jwt_jwks_url",
+        "",
+        _optional_text,
+        "take keys from this JWK set instead of JWT_PUBLIC_KEY (empty: off)",
+        not_built=_not(""),
+    ),
+    Spec(
+        "PROFILE",
+        "profile",
+        "off",
+        _choice("off", "cprofile"),
+        "cprofile: write profile snapshots under profiles/",
+        not_built=_not("off"),
+    ),
+    Spec(
+        "PROFILE_INTERVAL_S",
+        "profile_interval_s",
+        "10",
+        _float(0.1),
+        "seconds between profile snapshots",
+    ),
+    Spec(
+        "METRICS_PORT",
+        "metrics_port",
+        "0",
+        _int(0, 65535),
+        "Prometheus metrics port (0: off)",
+        not_built=_not(0),
+    ),
+    Spec(
+        "MAX_FRAME_BYTES",
+        "max_frame_bytes",
+        "65536",
+        _int(64),
+        "largest incoming frame; above it close 1009",
+    ),
+    Spec(
+        "MAX_BODY_CHARS",
+        "max_body_chars",
+        "4000",
+        _int(1),
+        "longest message body; above it too_large",
+    ),
+    Spec(
+        "MAX_PROTOCOL_ERRORS",
+        "max_protocol_errors",
+        "10",
+        _int(1),
+        "errors in one connection before close 1008",
+    ),
+    Spec(
+        "MAX_OUTBOUND_BYTES",
+        "max_outbound_bytes",
+        "1048576",
+        _int(1024),
+        "bytes held for a connection that is not reading; past it close 1013",
+    ),
+    Spec(
+        "RATE_LIMIT_PER_S",
+        "rate_limit_per_s",
+        "20",
+        _float(0.001),
+        "frames per second per connection (token bucket)",
+    ),
+    Spec("RATE_LIMIT_BURST", "rate_limit_burst", "100", _int(1), "token bucket size"),
+    Spec(
+        "MAX_HISTORY_BYTES",
+        "max_history_bytes",
+        "262144",
+        _int(1024),
+        "encoded size one history reply may reach",
+    ),
+    Spec("HISTORY_MAX", "history_max", "0", _int(0), "messages kept per room (0: all)"),
+    Spec(
+        "MAX_CONNECTIONS",
+        "max_connections",
+        "10000",
+        _int(1),
+        "open connections; past it the handshake gets 503; sizes the open-files limit",
+    ),
+    Spec(
+        "TRANSPORT",
+        "transport",
+        "websockets",
+        _choice("websockets", "picows"),
+        "websocket implementation",
+        not_built=_not("websockets"),
+    ),
+    Spec(
+        "REGRESSION",
+        "regression",
+        "off",
+        _choice(*REGRESSIONS),
+        "one deliberate mistake for the lab (off in real use)",
+        not_built=_not("off"),
+    ),
+    Spec(
+        "AUTH_INLINE_PORT",
+        "auth_inline_port",
+        "8002",
+        _int(1, 65535),
+        "with REGRESSION=auth_inline: port of the inline POST /login",
+    ),
+    Spec(
+        "CLOSE_TIMEOUT_S",
+        "close_timeout_s",
+        "5",
+        _float(0.01),
+        "wait for a closing handshake (1013, 1001) before dropping the connection",
+    ),
+    Spec(
+        "DRAIN_GRACE_S",
+        "drain_grace_s",
+        "1",
+        _float(0, 300),
+        "on SIGTERM: after committing, keep connections this long (sends get unavailable)",
+    ),
+    Spec("PING_INTERVAL_S", "ping_interval_s", "20", _float(0), "keepalive ping interval (0: off)"),
+    Spec(
+        "PING_TIMEOUT_S",
+        "ping_timeout_s",
+        "20",
+        _float(0),
+        "a peer that does not answer a ping within this is closed with 1011",
+    ),
+    Spec(
+        "LOG_LEVEL",
+        "log_level",
+        "info",
+        _choice("debug", "info", "warning", "error"),
+        "logging level",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every chat server setting, validated. Build it with :meth:`load`."""
+
+    host: str
+    port: int
+    serializer: str
+    event_loop: str
+    ws_deflate: bool
+    cpu_affinity: tuple[int, ...] | None
+    workers: int
+    broker: str
+    redis_url: str
+    chat_db: str
+    chat_db_synchronous: str
+    store_queue_max: int
+    store_batch_max: int
+    jwt_public_key: str
+    jwt_algorithm: str
+    jwt_issuer: str
+    jwt_audience: str
+    jwt_jwks_url: str
+    profile: str
+    profile_interval_s: float
+    metrics_port: int
+    max_frame_bytes: int
+    max_body_chars: int
+    max_protocol_errors: int
+    max_outbound_bytes: int
+    rate_limit_per_s: float
+    rate_limit_burst: int
+    max_history_bytes: int
+    history_max: int
+    max_connections: int
+    transport: str
+    regression: str
+    auth_inline_port: int
+    close_timeout_s: float
+    drain_grace_s: float
+    ping_interval_s: float
+    ping_timeout_s: float
+    log_level: str
+
+    @classmethod
+    def load(
+        cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
+    ) -> Settings:
+        """Read ``.env`` then the environment (which wins), validate every value, or raise."""
+        merged: dict[str, str] = {}
+        if dotenv_path is not None and Path(dotenv_path).is_file():
+            merged.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
+        merged.update(os.environ if environ is None else environ)
+        return cls.from_mapping(merged)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, str]) -> Settings:
+        """Validate settings given by environment name; missing names take their defaults."""
+        parsed: dict[str, Any] = {}
+        for spec in SPECS:
+            raw = values.get(spec.env, spec.default)
+            try:
+                value = spec.parse(raw)
+            except ValueError as exc:
+                raise SettingError(spec.env, raw, str(exc)) from None
+            if spec.not_built is not None and spec.not_built(value):
+                raise SettingError(spec.env, raw, "not built yet in this version of chatlab")
+            parsed[spec.field] = value
+        settings = cls(**parsed)
+        settings._check_combinations()
+        return settings
+
+    def _check_combinations(self) -> None:
+        if self.ping_interval_s and not self.ping_timeout_s:
+            raise SettingError("PING_TIMEOUT_S", "0", "must be above 0 while PING_INTERVAL_S is on")
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (validated by the caller, for tests and tools)."""
+        return dataclasses.replace(self, **changes)
+
+    def summary(self) -> str:
+        """One line naming the performance toggles in force, for the start-up log."""
+        affinity = "off" if self.cpu_affinity is None else ",".join(map(str, self.cpu_affinity))
+        return (
+            f"serializer={self.serializer} loop={self.event_loop} "
+            f"deflate={'on' if self.ws_deflate else 'off'} affinity={affinity} "
+            f"workers={self.workers} broker={self.broker} transport={self.transport} "
+            f"store=sqlite:{self.chat_db} synchronous={self.chat_db_synchronous}"
+        )
+
+
+def settings_help() -> str:
+    """The ``--help`` epilog: every setting with its default and what it does."""
+    width = max(len(spec.env) for spec in SPECS)
+    lines = ["settings (environment variables; .env in the working directory; env wins):"]
+    for spec in SPECS:
+        default = spec.default if spec.default else "(empty)"
+        lines.append(f"  {spec.env:<{width}}  {spec.help} [default: {default}]")
+    return "\n".join(lines)

@@ -1,0 +1,549 @@
+"""Durable room history in one SQLite file, written by group commit.
+
+:class:`SqliteHistoryStore` keeps every room's messages in a SQLite database in
+WAL mode. One writer thread owns the write connection; the event loop only
+appends to a bounded queue, and whatever has queued up while the previous
+transaction committed goes into the next one (group commit, no artificial
+delay). Each room's ``seq`` is assigned inside that transaction and handed to
+the messages only after ``COMMIT`` succeeded, so a failed batch consumes none.
+Each batch's outcome is reported on the event loop, in commit order, through
+the ``on_batch`` callback, with one loop wake-up per batch.
+
+Durability, by ``synchronous`` (SQLite's ``PRAGMA synchronous`` in WAL mode):
+
+``normal``
+    A committed batch survives a crash of the process (``kill -9``): the
+    commit is in the WAL file in the OS page cache. A power loss or OS crash
+    may lose the most recent commits (never corrupt the database); no fsync
+    on commit, only at checkpoints.
+``full``
+    A committed batch also survives a power loss or OS crash, at the cost of
+    one fsync of the WAL per group commit (not per message).
+
+The store numbers messages from a cache of every room's last ``seq`` that its
+writer loads at start, so one process must own the file; several processes
+writing the same file would need a shared store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from chat_server.errors import StoreError, StoreUnavailable
+from chat_server.messages import Message
+from chat_server.store.base import BatchCallback, BatchResult, HistoryStore
+
+__all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats"]
+
+logger = logging.getLogger("chat_server.store")
+
+SCHEMA_VERSION: Final = 1
+"""The ``PRAGMA user_version`` this module writes and understands."""
+
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS messages (
+        room TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        user TEXT NOT NULL,
+        body TEXT NOT NULL,
+        ts INTEGER NOT NULL,
+        ref TEXT,
+        PRIMARY KEY (room, seq)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS rooms (
+        room TEXT PRIMARY KEY,
+        last_seq INTEGER NOT NULL
+    )""",
+)
+_INSERT_MESSAGE: Final = (
+    "INSERT INTO messages (room, seq, user, body, ts, ref) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_UPSERT_ROOM: Final = (
+    "INSERT INTO rooms (room, last_seq) VALUES (?, ?)"
+    " ON CONFLICT (room) DO UPDATE SET last_seq = excluded.last_seq"
+)
+_TRIM_ROOM: Final = "DELETE FROM messages WHERE room = ? AND seq <= ?"
+_SELECT_LATEST: Final = (
+    "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC LIMIT ?"
+)
+_SELECT_BEFORE: Final = (
+    "SELECT seq, user, body, ts, ref FROM messages"
+    " WHERE room = ? AND seq < ? ORDER BY seq DESC LIMIT ?"
+)
+_SELECT_AFTER: Final = (
+    "SELECT seq, user, body, ts, ref FROM messages"
+    " WHERE room = ? AND seq > ? ORDER BY seq ASC LIMIT ?"
+)
+
+_SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
+# How often an idle writer checks that its event loop still exists, so that a loop
+# closed without close() does not keep this non-daemon thread (and the process) alive.
+_IDLE_CHECK_S: Final = 1.0
+
+_T = TypeVar("_T")
+_Item = tuple[Message, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """A snapshot of the writer's work since start.
+
+    ``batch_sizes`` maps a power of two ``k`` to the number of batches whose size
+    was in ``[k, 2k)``; ``queue_depth`` counts submissions not yet taken into a batch.
+    """
+
+    batches_committed: int
+    messages_committed: int
+    batches_failed: int
+    messages_failed: int
+    max_batch_size: int
+    last_batch_size: int
+    queue_depth: int
+    batch_sizes: dict[int, int]
+
+
+class SqliteHistoryStore(HistoryStore):
+    """A :class:`HistoryStore` on one SQLite file, with one writer thread and one reader thread.
+
+    ``submit`` never blocks the loop: it queues at most ``queue_max`` messages
+    (beyond that it raises ``StoreUnavailable("history store overloaded")`` and
+    queues nothing), while at most ``batch_max`` more are being committed. With
+    ``history_max`` > 0 each commit also deletes its rooms' messages older than the
+    newest ``history_max``; ``seq`` still continues, since each room's last ``seq``
+    is kept apart from its messages. Every method is called from the event loop
+    thread that called :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        *,
+        path: str | Path,
+        on_batch: BatchCallback,
+        synchronous: str = "normal",
+        queue_max: int = 10000,
+        batch_max: int = 1000,
+        history_max: int = 0,
+        busy_timeout_ms: int = 5000,
+    ) -> None:
+        """Configure the store; nothing is opened until :meth:`start`.
+
+        Raises ``ValueError`` for a ``synchronous`` other than ``normal`` or
+        ``full``, a ``queue_max`` or ``batch_max`` below 1, or a negative
+        ``history_max`` or ``busy_timeout_ms``.
+        """
+        if synchronous not in _SYNCHRONOUS:
+            raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
+        if queue_max < 1:
+            raise ValueError(f"queue_max must be at least 1, not {queue_max}")
+        if batch_max < 1:
+            raise ValueError(f"batch_max must be at least 1, not {batch_max}")
+        if history_max < 0:
+            raise ValueError(f"history_max must be 0 (keep all) or more, not {history_max}")
+        if busy_timeout_ms < 0:
+            raise ValueError(f"busy_timeout_ms must be 0 or more, not {busy_timeout_ms}")
+        self._path = Path(path)
+        self._on_batch = on_batch
+        self._synchronous = _SYNCHRONOUS[synchronous]
+        self._queue_max = queue_max
+        self._batch_max = batch_max
+        self._history_max = history_max
+        self._busy_timeout_s = busy_timeout_ms / 1000
+
+        # Shared between the loop and the writer, guarded by _cond.
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._stopping = False
+
+        # Owned by the writer thread.
+        self._writer_seq: dict[str, int] = {}
+        self._writer: threading.Thread | None = None
+        self._writer_stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        # Owned by the reader thread.
+        self._reader: ThreadPoolExecutor | None = None
+        self._read_conn: sqlite3.Connection | None = None
+
+        # Owned by the event loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._accepting = False
+        self._closed = False
+        self._close_done: asyncio.Future[None] | None = None
+        self._last_seq: dict[str, int] = {}
+        self._submitted = 0
+        self._reported = 0
+        self._flush_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = (
+            collections.deque()
+        )
+        self._batches_committed = 0
+        self._messages_committed = 0
+        self._batches_failed = 0
+        self._messages_failed = 0
+        self._max_batch_size = 0
+        self._last_batch_size = 0
+        self._batch_sizes: collections.Counter[int] = collections.Counter()
+
+    # ---- life cycle ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open (creating if needed) the database and load every room's last ``seq``.
+
+        Raises ``StoreError`` naming the path when the database cannot be opened,
+        created or read (a directory, an unwritable place, a newer schema).
+        """
+        if self._loop is not None or self._closed:
+            raise StoreError("history store already started (or closed)")
+        self._loop = asyncio.get_running_loop()
+        ready: concurrent.futures.Future[dict[str, int]] = concurrent.futures.Future()
+        self._writer = threading.Thread(
+            target=self._run_writer, args=(ready,), name="chat-history-writer", daemon=False
+        )
+        self._writer.start()
+        try:
+            self._last_seq = await asyncio.wrap_future(ready)
+            self._reader = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="chat-history-reader"
+            )
+            await self._loop.run_in_executor(self._reader, self._open_reader)
+        except BaseException:
+            self._closed = True
+            await self._stop_threads()
+            raise
+        self._accepting = True
+
+    async def close(self) -> None:
+        """Stop accepting, flush, then stop the threads and close both connections.
+
+        Later ``submit`` calls raise ``StoreUnavailable("history store closed")``.
+        Calling ``close`` again waits for the first call to finish.
+        """
+        if self._close_done is not None:
+            await asyncio.shield(self._close_done)
+            return
+        self._accepting = False
+        self._closed = True
+        if self._loop is None:
+            self._close_done = asyncio.get_running_loop().create_future()
+            self._close_done.set_result(None)
+            return
+        self._close_done = self._loop.create_future()
+        try:
+            await self.flush()
+            await self._stop_threads()
+        finally:
+            # Even when cancelled, let the writer drain and exit so the process can.
+            self._signal_stop()
+            self._close_done.set_result(None)
+
+    async def _stop_threads(self) -> None:
+        """Let the writer drain and exit, then close the reader's connection; idempotent."""
+        self._signal_stop()
+        if self._writer is not None:
+            await asyncio.wrap_future(self._writer_stopped)
+            self._writer.join()
+            self._writer = None
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            assert self._loop is not None
+            await self._loop.run_in_executor(reader, self._close_reader)
+            reader.shutdown(wait=True)
+
+    def _signal_stop(self) -> None:
+        """Tell the writer to exit once the queue is empty."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    # ---- writes ---------------------------------------------------------------
+
+    def submit(self, message: Message, context: Any) -> None:
+        """Queue ``message`` (``seq`` 0) for the next group commit; never blocks.
+
+        Raises ``StoreUnavailable`` and queues nothing when the store is not
+        started, is closed or closing, or already holds ``queue_max`` waiting
+        messages. Otherwise the outcome arrives later through ``on_batch``.
+        """
+        if not self._accepting:
+            reason = "closed" if self._closed else "not started"
+            raise StoreUnavailable(f"history store {reason}")
+        with self._cond:
+            if len(self._queue) >= self._queue_max:
+                raise StoreUnavailable("history store overloaded")
+            self._queue.append((message, context))
+            self._cond.notify()
+        self._submitted += 1
+
+    async def flush(self) -> None:
+        """Return once all submitted before the call is committed (or failed) and reported."""
+        target = self._submitted
+        if self._reported >= target:
+            return
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._flush_waiters.append((target, waiter))
+        await waiter
+
+    def last_seq(self, room: str) -> int:
+        """The last ``seq`` of ``room`` reported to ``on_batch`` (0 when it has none)."""
+        return self._last_seq.get(room, 0)
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the batches committed and failed so far and of the queue."""
+        return StoreStats(
+            batches_committed=self._batches_committed,
+            messages_committed=self._messages_committed,
+            batches_failed=self._batches_failed,
+            messages_failed=self._messages_failed,
+            max_batch_size=self._max_batch_size,
+            last_batch_size=self._last_batch_size,
+            queue_depth=len(self._queue),
+            batch_sizes=dict(self._batch_sizes),
+        )
+
+    def _report(
+        self,
+        items: list[_Item],
+        seqs: list[int],
+        room_seqs: dict[str, int],
+        error: StoreError | None,
+    ) -> None:
+        """On the loop: give the messages their ``seq``, call ``on_batch``, wake flushers."""
+        size = len(items)
+        if error is None:
+            # Set here rather than in the writer so that loop code never sees a seq
+            # before the batch is reported.
+            for (message, _), seq in zip(items, seqs, strict=True):
+                message.seq = seq
+            self._last_seq.update(room_seqs)
+            self._batches_committed += 1
+            self._messages_committed += size
+        else:
+            self._batches_failed += 1
+            self._messages_failed += size
+        self._last_batch_size = size
+        self._max_batch_size = max(self._max_batch_size, size)
+        self._batch_sizes[1 << (size.bit_length() - 1)] += 1
+        try:
+            self._on_batch(BatchResult(items, error))
+        except Exception:
+            logger.exception("history store: on_batch callback failed for a batch of %d", size)
+        self._reported += size
+        while self._flush_waiters and self._flush_waiters[0][0] <= self._reported:
+            _, waiter = self._flush_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # ---- the writer thread ------------------------------------------------------
+
+    def _run_writer(self, ready: concurrent.futures.Future[dict[str, int]]) -> None:
+        """Writer thread: open the database, then commit batches until told to stop."""
+        try:
+            try:
+                conn = self._open_writer()
+            except Exception as exc:
+                if not isinstance(exc, StoreError):
+                    logger.exception("history store: opening %s failed", self._path)
+                    exc = StoreError(f"cannot open history store {str(self._path)!r}: {exc}")
+                ready.set_exception(exc)
+                return
+            try:
+                ready.set_result(dict(self._writer_seq))
+                self._write_batches(conn)
+            finally:
+                conn.close()
+        except Exception:
+            logger.exception("history store: writer thread failed")
+        finally:
+            self._writer_stopped.set_result(None)
+
+    def _open_writer(self) -> sqlite3.Connection:
+        """Create the file and schema if missing, apply the pragmas, load the rooms."""
+        path = self._path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=self._busy_timeout_s, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"history store {str(path)!r} cannot use WAL mode ({mode})")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"history store {str(path)!r} has schema version {version};"
+                        f" this chatlab knows up to {SCHEMA_VERSION}"
+                    )
+                if version < SCHEMA_VERSION:
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                self._writer_seq = dict(conn.execute("SELECT room, last_seq FROM rooms"))
+                conn.execute("COMMIT")
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _write_batches(self, conn: sqlite3.Connection) -> None:
+        """Take up to ``batch_max`` queued messages at a time and commit them as one."""
+        loop = self._loop
+        assert loop is not None
+        queue = self._queue
+        while True:
+            with self._cond:
+                while not queue and not self._stopping:
+                    self._cond.wait(_IDLE_CHECK_S)
+                    if not queue and loop.is_closed():
+                        logger.warning("history store: event loop closed before close(); stopping")
+                        return
+                if not queue:
+                    return  # stopping, and everything queued has been written
+                batch = [queue.popleft() for _ in range(min(len(queue), self._batch_max))]
+            seqs, room_seqs, error = self._commit(conn, batch)
+            try:
+                loop.call_soon_threadsafe(self._report, batch, seqs, room_seqs, error)
+            except RuntimeError:
+                logger.error(
+                    "history store: event loop closed; a batch of %d went unreported (%s)",
+                    len(batch),
+                    "committed" if error is None else "failed",
+                )
+                return
+
+    def _commit(
+        self, conn: sqlite3.Connection, batch: list[_Item]
+    ) -> tuple[list[int], dict[str, int], StoreError | None]:
+        """Write ``batch`` in one transaction; return its seqs, each room's last seq, the error.
+
+        On failure nothing was written, the writer's seq cache is unchanged and the
+        returned seqs are empty.
+        """
+        cache = self._writer_seq
+        room_seqs: dict[str, int] = {}
+        seqs: list[int] = []
+        rows: list[tuple[str, int, str, str, int, str | None]] = []
+        for message, _ in batch:
+            room = message.room
+            seq = room_seqs.get(room)
+            seq = (cache.get(room, 0) if seq is None else seq) + 1
+            room_seqs[room] = seq
+            seqs.append(seq)
+            rows.append((room, seq, message.user, message.body, message.ts, message.ref))
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_INSERT_MESSAGE, rows)
+            conn.executemany(_UPSERT_ROOM, room_seqs.items())
+            if self._history_max:
+                keep = self._history_max
+                trims = [(room, seq - keep) for room, seq in room_seqs.items() if seq > keep]
+                conn.executemany(_TRIM_ROOM, trims)
+            conn.execute("COMMIT")
+        except Exception as exc:
+            error = self._batch_error(exc)
+            if isinstance(exc, sqlite3.Error):
+                logger.warning("history store: batch of %d messages failed: %s", len(batch), exc)
+            else:
+                logger.exception("history store: batch of %d messages failed", len(batch))
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as rollback_exc:
+                    logger.error("history store: rollback failed: %s", rollback_exc)
+            return [], {}, error
+        cache.update(room_seqs)
+        return seqs, room_seqs, None
+
+    @staticmethod
+    def _batch_error(exc: Exception) -> StoreError:
+        """Map a failed write to the contract: locked or I/O trouble is ``unavailable``."""
+        if isinstance(exc, sqlite3.OperationalError):
+            return StoreUnavailable(f"history store unavailable: {exc}")
+        return StoreError(f"history store failed: {exc}")
+
+    # ---- reads ---------------------------------------------------------------
+
+    def _open_reader(self) -> None:
+        """Reader thread: open the read-only-by-pragma connection."""
+        try:
+            conn = sqlite3.connect(self._path, timeout=self._busy_timeout_s, isolation_level=None)
+            conn.execute("PRAGMA query_only = ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open history store {str(self._path)!r}: {exc}") from exc
+        self._read_conn = conn
+
+    def _close_reader(self) -> None:
+        """Reader thread: close the read connection."""
+        if self._read_conn is not None:
+            self._read_conn.close()
+            self._read_conn = None
+
+    async def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``query`` on the reader thread; map SQLite errors to ``StoreError``."""
+        if self._reader is None or self._closed:
+            reason = "closed" if self._closed else "not started"
+            raise StoreUnavailable(f"history store {reason}")
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._reader, self._run_query, query)
+
+    def _run_query(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
+        conn = self._read_conn
+        if conn is None:
+            raise StoreUnavailable("history store closed")
+        try:
+            return query(conn)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"history store unavailable: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"history store failed: {exc}") from exc
+
+    async def history(self, room: str, before: int | None, limit: int) -> list[Message]:
+        """The latest ``limit`` messages with ``seq < before`` (no bound when None), ascending."""
+        if limit <= 0:
+            return []
+
+        def query(conn: sqlite3.Connection) -> list[Message]:
+            if before is None:
+                rows = conn.execute(_SELECT_LATEST, (room, limit)).fetchall()
+            else:
+                rows = conn.execute(_SELECT_BEFORE, (room, before, limit)).fetchall()
+            rows.reverse()
+            return _messages(room, rows)
+
+        return await self._read(query)
+
+    async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
+        """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
+        if limit <= 0:
+            return []
+
+        def query(conn: sqlite3.Connection) -> list[Message]:
+            return _messages(room, conn.execute(_SELECT_AFTER, (room, after_seq, limit)).fetchall())
+
+        return await self._read(query)
+
+
+def _messages(room: str, rows: list[tuple[int, str, str, int, str | None]]) -> list[Message]:
+    """Turn ``(seq, user, body, ts, ref)`` rows into messages of ``room``."""
+    return [
+        Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref)
+        for seq, user, body, ts, ref in rows
+    ]

@@ -1,0 +1,250 @@
+"""The websockets transport: handshake auth, subprotocols, limits and slow consumers.
+
+Built on ``websockets.asyncio.server``. The handshake (``process_request``)
+answers ``/healthz`` and ``/stats``, refuses a bad token with 401 before a wrong
+subprotocol with 400, and admits at most ``MAX_CONNECTIONS``. Outgoing frames are
+written without waiting (like ``websockets.broadcast``, which has no
+backpressure), so the outbound accounting is ours: after each write the
+connection's transport write-buffer size is checked, and past
+``MAX_OUTBOUND_BYTES`` the connection gets close 1013 "slow consumer" and is
+dropped if it does not finish the closing handshake within ``CLOSE_TIMEOUT_S``.
+Nobody else waits for it. Replays use :meth:`WebsocketsPeer.send_paced`, which
+waits for the client to read instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+from websockets.protocol import OPEN, State
+
+from chat_server.auth import InvalidToken, TokenVerifier
+from chat_server.codecs.base import Codec
+from chat_server.settings import Settings
+
+if TYPE_CHECKING:
+    from chat_server.service import ChatService
+
+log = logging.getLogger("chat_server.transport")
+# websockets logs every connection's open and close at INFO: one line per connection
+# is noise under load, so its own logger starts at WARNING (LOG_LEVEL=debug shows it).
+ws_log = logging.getLogger("chat_server.transport.websockets")
+
+CLOSE_TRY_AGAIN_LATER = 1013
+CLOSE_GOING_AWAY = 1001
+
+
+class OutboundStats:
+    """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""
+
+    __slots__ = ("peak_outbound_bytes", "slow_consumer_closes")
+
+    def __init__(self) -> None:
+        self.peak_outbound_bytes = 0
+        self.slow_consumer_closes = 0
+
+
+class WebsocketsPeer:
+    """One connection's write side: non-blocking frames with outbound accounting."""
+
+    __slots__ = ("_conn", "_max", "_protocol", "_stats", "_timeout", "_transport", "_write")
+
+    def __init__(
+        self,
+        conn: ServerConnection,
+        binary: bool,
+        max_outbound_bytes: int,
+        close_timeout_s: float,
+        stats: OutboundStats,
+    ) -> None:
+        self._conn = conn
+        self._protocol = conn.protocol
+        self._write = conn.protocol.send_binary if binary else conn.protocol.send_text
+        self._transport = conn.transport
+        self._max = max_outbound_bytes
+        self._timeout = close_timeout_s
+        self._stats = stats
+
+    def send(self, frame: bytes) -> None:
+        """Write one frame now; close 1013 when the connection's buffer passes the bound."""
+        if self._protocol.state is not OPEN:
+            return
+        self._write(frame)
+        self._conn.send_data()
+        buffered = self._transport.get_write_buffer_size()
+        if buffered > self._stats.peak_outbound_bytes:
+            self._stats.peak_outbound_bytes = buffered
+            if buffered > self._max:
+                self._stats.slow_consumer_closes += 1
+                self.close(CLOSE_TRY_AGAIN_LATER, "slow consumer")
+        elif buffered > self._max:
+            self._stats.slow_consumer_closes += 1
+            self.close(CLOSE_TRY_AGAIN_LATER, "slow consumer")
+
+    async def send_paced(self, frame: bytes) -> None:
+        """Write one frame and wait until the client has read enough (replay pacing)."""
+        if self._protocol.state is not OPEN:
+            raise ConnectionError("connection is closing")
+        try:
+            await self._conn.send(frame, text=self._write == self._protocol.send_text)
+        except ConnectionClosed as exc:
+            raise ConnectionError(str(exc)) from None
+
+    def close(self, code: int, reason: str) -> None:
+        """Start the closing handshake now; drop the connection if it is not done in time."""
+        if self._protocol.state is not OPEN:
+            return
+        self._protocol.send_close(code, reason)
+        self._conn.send_data()
+        asyncio.get_running_loop().call_later(self._timeout, self._drop_if_open)
+
+    def _drop_if_open(self) -> None:
+        if self._protocol.state is not State.CLOSED:
+            self._transport.abort()
+
+
+class WebsocketsTransport:
+    """Serves ``/ws`` (and ``/healthz``, ``/stats``) with the websockets library."""
+
+    def __init__(
+        self, settings: Settings, service: ChatService, verifier: TokenVerifier, codec: Codec
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.verifier = verifier
+        self.codec = codec
+        self.stats = OutboundStats()
+        self._server: Server | None = None
+
+    async def start(self) -> None:
+        """Listen on ``CHAT_HOST:CHAT_PORT``."""
+        s = self.settings
+        self._server = await serve(
+            self._handler,
+            s.host,
+            s.port,
+            process_request=self._process_request,
+            select_subprotocol=self._select_subprotocol,
+            compression="deflate" if s.ws_deflate else None,
+            max_size=s.max_frame_bytes,
+            ping_interval=s.ping_interval_s or None,
+            ping_timeout=s.ping_timeout_s or None,
+            close_timeout=s.close_timeout_s,
+            server_header=None,
+            logger=ws_log,
+        )
+
+    @property
+    def port(self) -> int:
+        """The port actually bound."""
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket; open connections stay."""
+        if self._server is not None:
+            self._server.server.close()
+
+    async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
+        """Close every connection with ``code`` and wait until their handlers returned."""
+        if self._server is not None:
+            self._server.close(close_connections=True, code=code, reason=reason)
+            await self._server.wait_closed()
+
+    # ---- handshake -------------------------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        if url.path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        if url.path == "/stats":
+            return self._json_response(connection, self.stats_snapshot())
+        if url.path != "/ws":
+            return connection.respond(HTTPStatus.NOT_FOUND, "not found: the websocket is /ws\n")
+        if self.service.draining:
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server shutting down\n")
+        if self.service.connections >= self.settings.max_connections:
+            return connection.respond(
+                HTTPStatus.SERVICE_UNAVAILABLE, "too many connections (MAX_CONNECTIONS)\n"
+            )
+        token = _bearer_token(request.headers) or _query_token(url.query)
+        if token is None:
+            return connection.respond(
+                HTTPStatus.UNAUTHORIZED, "missing token: send Authorization: Bearer <jwt>\n"
+            )
+        try:
+            user = self.verifier.verify(token)
+        except InvalidToken as exc:
+            return connection.respond(HTTPStatus.UNAUTHORIZED, f"{exc}\n")
+        offered = [
+            p.strip()
+            for value in request.headers.get_all("Sec-WebSocket-Protocol")
+            for p in value.split(",")
+            if p.strip()
+        ]
+        if offered and self.codec.subprotocol not in offered:
+            return connection.respond(
+                HTTPStatus.BAD_REQUEST,
+                f"unsupported subprotocol: this server speaks {self.codec.subprotocol}\n",
+            )
+        connection.chat_user = user  # type: ignore[attr-defined]
+        return None
+
+    def _select_subprotocol(self, connection: ServerConnection, subprotocols: Any) -> Any:
+        ours = self.codec.subprotocol
+        return ours if ours in subprotocols else None
+
+    @staticmethod
+    def _json_response(connection: ServerConnection, body: dict[str, Any]) -> Response:
+        response = connection.respond(HTTPStatus.OK, json.dumps(body) + "\n")
+        response.headers["Content-Type"] = "application/json"
+        return response
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """The service's counters plus the transport's outbound accounting."""
+        return {
+            **self.service.stats(),
+            "max_outbound_bytes": self.settings.max_outbound_bytes,
+            "peak_outbound_bytes": self.stats.peak_outbound_bytes,
+            "slow_consumer_closes": self.stats.slow_consumer_closes,
+        }
+
+    # ---- connection --------------------------------------------------------------------
+
+    async def _handler(self, connection: ServerConnection) -> None:
+        s = self.settings
+        peer = WebsocketsPeer(
+            connection, self.codec.binary, s.max_outbound_bytes, s.close_timeout_s, self.stats
+        )
+        service = self.service
+        session = service.open(connection.chat_user, peer.send, peer.send_paced, peer.close)  # type: ignore[attr-defined]
+        on_frame = service.on_frame
+        try:
+            async for frame in connection:
+                on_frame(session, frame)
+        except ConnectionClosed:
+            pass
+        finally:
+            service.disconnect(session)
+
+
+def _bearer_token(headers: Headers) -> str | None:
+    value = headers.get("Authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _query_token(query: str) -> str | None:
+    values = parse_qs(query).get("token")
+    return values[0] if values else None

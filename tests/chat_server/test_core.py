@@ -1,0 +1,159 @@
+"""The core without sockets: rooms, presence, delivery order, replay seam, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat_server.codecs import get_codec
+from chat_server.core.chat import ChatCore, Session
+from chat_server.errors import ErrorCode, ProtocolError
+from chat_server.messages import Error, Join, Joined, Leave, Message, Presence, Send, Welcome
+
+CODEC = get_codec("orjson")
+
+
+class Peer:
+    """Records what the core sends to one connection."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.closed: tuple[int, str] | None = None
+
+    def messages(self) -> list[object]:
+        return [CODEC.decode_server(f.decode()) for f in self.frames]
+
+    def take(self) -> list[object]:
+        out = self.messages()
+        self.frames.clear()
+        return out
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+class World:
+    """A core with a fake clock and a seq counter standing in for the store."""
+
+    def __init__(self, **limits: float) -> None:
+        self.last: dict[str, int] = {}
+        self.core = ChatCore(
+            CODEC,
+            lambda room: self.last.get(room, 0),
+            max_body_chars=int(limits.get("max_body_chars", 100)),
+            max_protocol_errors=int(limits.get("max_protocol_errors", 3)),
+            rate_limit_per_s=limits.get("rate", 10),
+            rate_limit_burst=int(limits.get("burst", 5)),
+        )
+
+    def connect(self, user: str, now: float = 0.0) -> tuple[Session, Peer]:
+        peer = Peer()
+        session = self.core.open_session(user, peer.frames.append, peer.close, now)
+        assert peer.take() == [Welcome(user=user, codec="orjson")]
+        return session, peer
+
+    def commit(self, session: Session, room: str, body: str) -> Message:
+        message = self.core.accept_send(session, Send(room=room, body=body), 1)
+        self.last[room] = message.seq = self.last.get(room, 0) + 1
+        self.core.deliver(message)
+        self.core.ack(session, message)
+        return message
+
+
+def test_presence_once_per_user_across_connections():
+    world = World()
+    a1, pa1 = world.connect("alice")
+    a2, pa2 = world.connect("alice")
+    b, pb = world.connect("bob")
+    world.core.join(a1, Join(room="r"))
+    world.core.join(b, Join(room="r"))
+    assert pa1.take()[-1] == Presence(room="r", user="bob", event="join")
+    assert pb.take() == [Joined(room="r", members=["alice", "bob"], last_seq=0)]
+    world.core.join(a2, Join(room="r"))  # alice's second connection: no presence
+    assert pb.take() == []
+    assert pa2.take() == [Joined(room="r", members=["alice", "bob"], last_seq=0)]
+    world.core.close_session(a1)
+    assert pb.take() == []  # alice still has a connection in the room
+    world.core.leave(a2, Leave(room="r"))
+    assert pb.take() == [Presence(room="r", user="alice", event="leave")]
+
+
+def test_messages_go_to_every_live_member_in_order_encoded_once():
+    world = World()
+    a, pa = world.connect("alice")
+    b, pb = world.connect("bob")
+    world.core.join(a, Join(room="r"))
+    world.core.join(b, Join(room="r"))
+    pa.take(), pb.take()
+    world.commit(a, "r", "one")
+    world.commit(b, "r", "two")
+    assert pa.frames[0] is pb.frames[0]  # the same bytes object went to both
+    seqs = [m.seq for m in pb.messages() if isinstance(m, Message)]
+    assert seqs == [1, 2]
+
+
+def test_replaying_member_is_live_only_once_caught_up():
+    world = World()
+    a, _ = world.connect("alice")
+    world.core.join(a, Join(room="r"))
+    for body in ("1", "2", "3"):
+        world.commit(a, "r", body)
+    b, pb = world.connect("bob")
+    assert world.core.join(b, Join(room="r", since=1)) is True
+    world.commit(a, "r", "4")  # committed during the replay: not sent live to bob
+    assert [m for m in pb.take() if isinstance(m, Message)] == []
+    assert world.core.replay_caught_up(b, "r", cursor=3) is False  # 4 is stored, not replayed
+    assert world.core.replay_caught_up(b, "r", cursor=4) is True
+    world.commit(a, "r", "5")
+    assert [m.seq for m in pb.take() if isinstance(m, Message)] == [5]
+
+
+@pytest.mark.parametrize(
+    ("send", "code"),
+    [
+        (Send(room="", body=""), ErrorCode.BAD_REQUEST),
+        (Send(room="r", body="x", ref="r" * 65), ErrorCode.BAD_REQUEST),
+        (Send(room="bad room", body="x" * 500), ErrorCode.INVALID_ROOM),
+        (Send(room="other", body="x" * 500), ErrorCode.TOO_LARGE),
+        (Send(room="other", body="x"), ErrorCode.NOT_IN_ROOM),
+    ],
+)
+def test_send_errors_follow_the_contract_precedence(send: Send, code: ErrorCode):
+    world = World()
+    a, _ = world.connect("alice")
+    with pytest.raises(ProtocolError) as error:
+        world.core.accept_send(a, send, 1)
+    assert error.value.code == code
+
+
+def test_counted_errors_close_1008_but_unavailable_does_not_count():
+    world = World(max_protocol_errors=2)
+    a, pa = world.connect("alice")
+    world.core.fail(a, ProtocolError(ErrorCode.UNAVAILABLE, "store down"))
+    world.core.fail(a, ProtocolError(ErrorCode.BAD_REQUEST, "x"))
+    assert pa.closed is None
+    world.core.fail(a, ProtocolError(ErrorCode.BAD_REQUEST, "x"))
+    assert pa.closed is not None and pa.closed[0] == 1008
+    assert [m.code for m in pa.messages() if isinstance(m, Error)] == [
+        "unavailable",
+        "bad_request",
+        "bad_request",
+    ]
+
+
+def test_token_bucket_refills_and_flood_closes():
+    world = World(rate=10, burst=5)
+    a, pa = world.connect("alice", now=0.0)
+    assert all(world.core.take_token(a, 0.0) for _ in range(5))
+    assert world.core.take_token(a, 0.0) is False
+    assert world.core.take_token(a, 0.1) is True  # 0.1 s at 10/s: one token
+    for i in range(5):
+        world.core.rate_limited(a, 0.2 + i * 0.01)
+    assert pa.closed is not None and "rate_limited" in pa.closed[1]
+
+
+def test_rate_limited_replies_spread_out_do_not_close():
+    world = World(rate=10, burst=5)
+    a, pa = world.connect("alice")
+    for i in range(20):
+        world.core.rate_limited(a, i * 1.0)  # one a second: under BURST per BURST/RATE s
+    assert pa.closed is None

@@ -1,0 +1,197 @@
+"""Durability, graceful stop, slow consumers and rate limits, on a real server process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from chat_server.messages import Ack, Error, Message, Send, Welcome
+from tests.support import Client, KeyPair, ServerProcess
+
+
+async def _history_seqs(server: ServerProcess, keys: KeyPair, room: str) -> list[int]:
+    reader = await Client.connect(server, keys.mint("reader"))
+    await reader.expect(Welcome)
+    seqs: list[int] = []
+    before = None
+    while True:
+        page = await reader.history(room, before=before, limit=500)
+        if not page.messages:
+            break
+        seqs[:0] = [m.seq for m in page.messages]
+        before = page.messages[0].seq
+    await reader.close()
+    return seqs
+
+
+async def test_acked_messages_survive_sigkill(start_server, keys: KeyPair, tmp_path):
+    server = start_server(event_loop="uvloop", rate_limit_per_s=100000, rate_limit_burst=100000)
+    senders = [await Client.connect(server, keys.mint(f"u{i}")) for i in range(4)]
+    for client in senders:
+        await client.expect(Welcome)
+        await client.join("durable")
+    acked: set[int] = set()
+
+    async def send_and_collect(client: Client, n: int) -> None:
+        for i in range(n):
+            await client.say("durable", f"{id(client)}-{i}")
+
+    async def collect(client: Client) -> None:
+        try:
+            while True:
+                message = await client.recv(timeout_s=30)
+                if isinstance(message, Ack):
+                    acked.add(message.seq)
+        except (TimeoutError, ConnectionClosed):
+            return
+
+    collectors = [asyncio.create_task(collect(c)) for c in senders]
+    await asyncio.gather(*(send_and_collect(c, 150) for c in senders))
+    while len(acked) < 300:  # kill mid-stream: some acked, some maybe not yet
+        await asyncio.sleep(0.005)
+    server.kill()
+    await asyncio.gather(*collectors)
+    assert len(acked) >= 300
+
+    restarted = start_server(
+        workdir=server.workdir, event_loop="uvloop", chat_db=server.env["CHAT_DB"]
+    )
+    seqs = await _history_seqs(restarted, keys, "durable")
+    assert acked <= set(seqs), f"lost acked messages: {sorted(acked - set(seqs))[:10]}"
+    assert seqs == list(range(1, len(seqs) + 1))  # in order, no gap
+    # seq continues after the restart
+    alice = await Client.connect(restarted, keys.mint("alice"))
+    await alice.expect(Welcome)
+    await alice.join("durable")
+    await alice.say("durable", "after restart")
+    assert (await alice.expect(Ack, skip=(Message,))).seq == len(seqs) + 1
+
+
+async def test_sigterm_drains_acks_and_closes_1001(start_server, keys: KeyPair):
+    server = start_server(
+        event_loop="asyncio", rate_limit_per_s=100000, rate_limit_burst=100000, drain_grace_s=3
+    )
+    alice = await Client.connect(server, keys.mint("alice"))
+    bob = await Client.connect(server, keys.mint("bob"))
+    for client in (alice, bob):
+        await client.expect(Welcome)
+        await client.join("drain")
+    for i in range(200):
+        await alice.say("drain", f"burst {i}", ref=f"r{i}")
+    server.signal(signal.SIGTERM)
+    # a send after the signal gets unavailable (it may still arrive before: then it is acked)
+    await asyncio.sleep(0.2)
+    await alice.say("drain", "too late", ref="late")
+
+    acked: dict[str, int] = {}
+    late_answer = None
+    close_codes = []
+    for client in (alice, bob):
+        try:
+            while True:
+                message = await client.recv(timeout_s=20)
+                if isinstance(message, Ack):
+                    acked[message.ref or ""] = message.seq
+                elif isinstance(message, Error) and message.ref == "late":
+                    late_answer = message.code
+        except ConnectionClosed as closed:
+            close_codes.append(closed.rcvd.code if closed.rcvd else None)
+    assert close_codes == [1001, 1001]
+    assert server.wait() == 0
+    assert late_answer == "unavailable" or "late" in acked
+    assert all(f"r{i}" in acked for i in range(200)), "every accepted send was acked"
+
+    restarted = start_server(workdir=server.workdir, event_loop="asyncio")
+    seqs = await _history_seqs(restarted, keys, "drain")
+    assert set(acked.values()) <= set(seqs)
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_slow_consumer_is_closed_1013_and_others_keep_receiving(start_server, keys: KeyPair):
+    max_outbound = 64 * 1024
+    server = start_server(
+        event_loop="asyncio",
+        max_outbound_bytes=max_outbound,
+        rate_limit_per_s=100000,
+        rate_limit_burst=100000,
+        close_timeout_s=1,
+    )
+    # the stuck client: tiny receive buffer, never reads
+    stuck = await Client.connect(server, keys.mint("stuck"), max_queue=1)
+    stuck.conn.transport.set_write_buffer_limits(0)  # type: ignore[union-attr]
+    stuck.conn.transport.pause_reading()  # type: ignore[union-attr]
+    talker = await Client.connect(server, keys.mint("talker"))
+    listener = await Client.connect(server, keys.mint("listener"))
+    for client in (talker, listener):
+        await client.expect(Welcome)
+    stuck.conn.transport.resume_reading()  # type: ignore[union-attr]
+    await stuck.expect(Welcome)
+    await stuck.join("slow")
+    stuck.conn.transport.pause_reading()  # type: ignore[union-attr]
+    await talker.join("slow")
+    await listener.join("slow")
+
+    body = "x" * 3000
+    received = 0
+    total = 1500  # ~4.5 MB per member: past kernel buffers and the bound
+    for i in range(total):
+        await talker.send(Send(room="slow", body=body))
+        if i % 50 == 49:
+            # the listener keeps up
+            while received < i - 10:
+                message = await listener.recv()
+                if isinstance(message, Message):
+                    received += 1
+    while received < total:
+        message = await listener.recv()
+        if isinstance(message, Message):
+            received += 1
+    assert received == total
+
+    stats = server.stats()
+    assert stats["slow_consumer_closes"] >= 1
+    # the server's own buffer for the stuck client stayed bounded: at most the bound plus
+    # the one frame that crossed it
+    assert stats["peak_outbound_bytes"] <= max_outbound + 2 * len(body) + 1024
+
+    # the stuck client, reading again, sees 1013 after what was buffered (or was dropped)
+    stuck.conn.transport.resume_reading()  # type: ignore[union-attr]
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await stuck.recv(timeout_s=20)
+    assert closed.value.rcvd is None or closed.value.rcvd.code == 1013
+    if closed.value.rcvd is not None:
+        assert closed.value.rcvd.reason == "slow consumer"
+
+
+async def test_rate_limit_answers_then_closes_a_flood(start_server, keys: KeyPair):
+    server = start_server(event_loop="asyncio", rate_limit_per_s=1, rate_limit_burst=5)
+    alice = await Client.connect(server, keys.mint("alice"))
+    await alice.expect(Welcome)
+    await alice.join("rl")  # one token
+    for i in range(4):
+        await alice.say("rl", f"ok {i}")
+    codes = []
+    for _ in range(4):
+        message = await alice.recv()
+        while isinstance(message, Message):
+            message = await alice.recv()
+        codes.append(type(message).__name__)
+    assert codes == ["Ack"] * 4
+    await alice.say("rl", "one too many", ref="x")
+    error = await alice.expect(Error, skip=(Message, Ack))
+    assert error.code == "rate_limited"
+    # keep flooding: BURST rate_limited replies within BURST/RATE seconds close with 1008
+    for _ in range(10):
+        try:
+            await alice.say("rl", "flood")
+        except ConnectionClosed:
+            break
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await alice.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert "rate_limited" in closed.value.rcvd.reason

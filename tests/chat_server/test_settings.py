@@ -1,0 +1,107 @@
+"""Settings: defaults, validation, and exit 2 with one line naming the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chat_server.settings import SPECS, SettingError, Settings
+from tests.support import ROOT, KeyPair
+
+
+def test_defaults_match_the_contract():
+    settings = Settings.from_mapping({})
+    assert (settings.serializer, settings.event_loop, settings.ws_deflate) == (
+        "orjson",
+        "uvloop",
+        False,
+    )
+    assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+    assert settings.cpu_affinity is None
+    assert (settings.max_frame_bytes, settings.max_outbound_bytes) == (65536, 1048576)
+    assert (settings.rate_limit_per_s, settings.rate_limit_burst) == (20, 100)
+    assert settings.jwt_algorithm == "EdDSA"
+
+
+def test_environment_wins_over_dotenv(tmp_path: Path):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("SERIALIZER=json\nEVENT_LOOP=asyncio\n")
+    settings = Settings.load(environ={"SERIALIZER": "protobuf"}, dotenv_path=dotenv)
+    assert (settings.serializer, settings.event_loop) == ("protobuf", "asyncio")
+
+
+def test_core_list_is_checked_against_usable_cores():
+    usable = sorted(os.sched_getaffinity(0))
+    assert Settings.from_mapping({"CPU_AFFINITY": str(usable[0])}).cpu_affinity == (usable[0],)
+    if len(usable) > 1:
+        spec = f"{usable[0]}-{usable[1]}"
+        assert Settings.from_mapping({"CPU_AFFINITY": spec}).cpu_affinity == tuple(usable[:2])
+    with pytest.raises(SettingError) as bad:
+        Settings.from_mapping({"CPU_AFFINITY": str(max(usable) + 1)})
+    assert bad.value.name == "CPU_AFFINITY"
+
+
+def test_env_example_lists_every_setting_with_its_default():
+    text = (ROOT / ".env.example").read_text()
+    for spec in SPECS:
+        assert f"\n{spec.env}={spec.default}\n" in text, spec.env
+
+
+BAD_VALUES = {
+    "SERIALIZER": "xml",
+    "EVENT_LOOP": "trio",
+    "WS_DEFLATE": "maybe",
+    "CPU_AFFINITY": "999",
+    "WORKERS": "2",  # not built yet
+    "BROKER": "redis",  # not built yet
+    "TRANSPORT": "picows",  # not built yet
+    "PROFILE": "cprofile",  # not built yet
+    "REGRESSION": "blocking_loop",  # not built yet
+    "CHAT_PORT": "70000",
+    "MAX_FRAME_BYTES": "lots",
+    "JWT_ALGORITHM": "HS256",
+    "JWT_PUBLIC_KEY": "missing/key.pem",
+    "RATE_LIMIT_PER_S": "-1",
+}
+
+
+def _run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in {s.env for s in SPECS}}
+    return subprocess.run(
+        [sys.executable, "-m", "chat_server", *args],
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
+        cwd=cwd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("name", BAD_VALUES)
+def test_bad_value_exits_2_naming_the_variable(name: str, tmp_path: Path, keys: KeyPair):
+    env = {"JWT_PUBLIC_KEY": str(keys.public_path), name: BAD_VALUES[name]}
+    result = _run(env, tmp_path, "--check")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert name in lines[0] and BAD_VALUES[name] in lines[0]
+
+
+def test_unusable_database_exits_2_naming_chat_db(tmp_path: Path, keys: KeyPair):
+    env = {"JWT_PUBLIC_KEY": str(keys.public_path), "CHAT_DB": str(tmp_path)}  # a directory
+    result = _run(env, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "CHAT_DB" in result.stderr
+
+
+def test_help_lists_every_setting_with_its_default(tmp_path: Path):
+    result = _run({}, tmp_path, "--help")
+    assert result.returncode == 0
+    for spec in SPECS:
+        assert spec.env in result.stdout
+    assert "[default: orjson]" in result.stdout

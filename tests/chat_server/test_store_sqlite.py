@@ -1,0 +1,463 @@
+"""SqliteHistoryStore against real SQLite files: numbering, group commit, failures, durability."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import sys
+import textwrap
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chat_server.errors import StoreError, StoreUnavailable
+from chat_server.messages import Message
+from chat_server.store.base import BatchResult
+from chat_server.store.sqlite import SCHEMA_VERSION, SqliteHistoryStore
+
+TS_MS = 1_732_284_000_123
+
+
+def make_message(room: str = "lobby", body: str = "hello", ref: str | None = None) -> Message:
+    """A message as the core hands it to the store: ``seq`` 0."""
+    return Message(room=room, seq=0, user="alice", body=body, ts=TS_MS, ref=ref)
+
+
+class Recorder:
+    """An ``on_batch`` callback that keeps every result and the thread it ran on."""
+
+    def __init__(self) -> None:
+        self.results: list[BatchResult] = []
+        self.thread_ids: set[int] = set()
+
+    def __call__(self, result: BatchResult) -> None:
+        self.results.append(result)
+        self.thread_ids.add(threading.get_ident())
+
+    def failed(self) -> list[BatchResult]:
+        return [result for result in self.results if result.error is not None]
+
+
+StoreFactory = Callable[..., Awaitable[tuple[SqliteHistoryStore, Recorder]]]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "chat.sqlite3"
+
+
+@pytest.fixture
+async def open_store(db_path: Path) -> AsyncIterator[StoreFactory]:
+    """Start stores on ``db_path`` (keyword overrides allowed); close them all afterwards."""
+    stores: list[SqliteHistoryStore] = []
+
+    async def factory(**overrides: Any) -> tuple[SqliteHistoryStore, Recorder]:
+        recorder = Recorder()
+        kwargs: dict[str, Any] = {"path": db_path, "on_batch": recorder, **overrides}
+        store = SqliteHistoryStore(**kwargs)
+        await store.start()
+        stores.append(store)
+        return store, recorder
+
+    yield factory
+    for store in stores:
+        await store.close()
+
+
+@contextmanager
+def write_lock(path: Path) -> Iterator[None]:
+    """Hold the database's write lock from a second connection, as another writer would."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    """Yield to the loop until ``condition`` holds (a guard, not a timing assertion)."""
+    async with asyncio.timeout(30):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+def stored_seqs(path: Path, room: str = "lobby") -> list[int]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT seq FROM messages WHERE room = ? ORDER BY seq", (room,))
+        return [seq for (seq,) in rows]
+
+
+# ---- numbering ---------------------------------------------------------------
+
+
+async def test_seq_starts_at_one_and_rises_by_one_per_room(open_store: StoreFactory) -> None:
+    store, _ = await open_store()
+    lobby = [make_message("lobby") for _ in range(3)]
+    other = [make_message("other") for _ in range(2)]
+    for message in (lobby[0], other[0], lobby[1], lobby[2], other[1]):
+        store.submit(message, None)
+    await store.flush()
+
+    assert [m.seq for m in lobby] == [1, 2, 3]
+    assert [m.seq for m in other] == [1, 2]
+    assert store.last_seq("lobby") == 3
+    assert store.last_seq("other") == 2
+
+
+async def test_seq_is_set_only_after_commit_and_reported_on_the_loop_thread(
+    open_store: StoreFactory,
+) -> None:
+    store, recorder = await open_store()
+    message = make_message(ref="c-1")
+    store.submit(message, "ctx")
+    assert message.seq == 0
+    assert store.last_seq("lobby") == 0
+
+    await store.flush()
+
+    assert message.seq == 1
+    assert recorder.thread_ids == {threading.get_ident()}
+    assert [result.items for result in recorder.results] == [[(message, "ctx")]]
+    assert recorder.results[0].error is None
+
+
+async def test_new_database_uses_wal_and_the_current_schema_version(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    await open_store(synchronous="full")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+# ---- group commit ---------------------------------------------------------------
+
+
+async def test_messages_submitted_together_share_a_group_commit(open_store: StoreFactory) -> None:
+    store, recorder = await open_store()
+    messages = [make_message(body=f"m{i}") for i in range(500)]
+    for message in messages:
+        store.submit(message, None)
+    await store.flush()
+
+    stats = store.stats()
+    assert [m.seq for m in messages] == list(range(1, 501))
+    assert stats.messages_committed == 500
+    assert stats.max_batch_size > 1
+    assert stats.batches_committed == len(recorder.results) < 500
+    assert sum(stats.batch_sizes.values()) == stats.batches_committed
+    assert stats.queue_depth == 0
+
+
+async def test_concurrent_senders_get_gapless_seqs_in_submission_order(
+    open_store: StoreFactory,
+) -> None:
+    store, _ = await open_store()
+    submitted: list[Message] = []
+
+    async def sender(task: int) -> None:
+        for i in range(10):
+            message = make_message(body=f"{task}-{i}")
+            store.submit(message, None)
+            submitted.append(message)
+            await asyncio.sleep(0)
+
+    async with asyncio.TaskGroup() as group:
+        for task in range(50):
+            group.create_task(sender(task))
+    await store.flush()
+
+    assert [m.seq for m in submitted] == list(range(1, 501))
+    assert store.stats().max_batch_size > 1
+    assert store.last_seq("lobby") == 500
+
+
+# ---- restarts and trimming ---------------------------------------------------------
+
+
+async def test_seq_continues_after_reopen(open_store: StoreFactory) -> None:
+    first, _ = await open_store()
+    for _ in range(3):
+        first.submit(make_message(), None)
+    await first.close()
+
+    second, _ = await open_store()
+    assert second.last_seq("lobby") == 3
+    message = make_message()
+    second.submit(message, None)
+    await second.flush()
+    assert message.seq == 4
+
+
+async def test_history_max_trims_old_rows_and_seq_continues_after_reopen(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    first, _ = await open_store(history_max=5)
+    for i in range(1, 13):
+        first.submit(make_message(body=f"m{i}"), None)
+    await first.flush()
+
+    assert stored_seqs(db_path) == [8, 9, 10, 11, 12]
+    assert [m.seq for m in await first.history("lobby", None, 50)] == [8, 9, 10, 11, 12]
+    assert [m.body for m in await first.after("lobby", 0, 50)] == ["m8", "m9", "m10", "m11", "m12"]
+    await first.close()
+
+    second, _ = await open_store(history_max=5)
+    assert second.last_seq("lobby") == 12
+    message = make_message(body="m13")
+    second.submit(message, None)
+    await second.flush()
+    assert message.seq == 13
+    assert [m.seq for m in await second.history("lobby", None, 50)] == [9, 10, 11, 12, 13]
+
+
+# ---- failures ---------------------------------------------------------------------
+
+
+async def test_failed_batch_consumes_no_seq_and_the_store_recovers(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, recorder = await open_store(busy_timeout_ms=50)
+    for _ in range(2):
+        store.submit(make_message(), None)
+    await store.flush()
+
+    locked = [make_message(body="locked") for _ in range(3)]
+    with write_lock(db_path):
+        for message in locked:
+            store.submit(message, None)
+        await store.flush()
+
+    assert [m.seq for m in locked] == [0, 0, 0]
+    failed = recorder.failed()
+    assert [m for result in failed for m, _ in result.items] == locked
+    assert all(isinstance(result.error, StoreUnavailable) for result in failed)
+    assert store.last_seq("lobby") == 2
+    assert store.stats().messages_failed == 3
+
+    after = make_message(body="after")
+    store.submit(after, None)
+    await store.flush()
+    assert after.seq == 3
+    assert stored_seqs(db_path) == [1, 2, 3]
+    assert [m.body for m in await store.history("lobby", None, 10)][-1] == "after"
+
+
+async def test_full_queue_rejects_submits_and_queues_nothing(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, recorder = await open_store(queue_max=3, busy_timeout_ms=30_000)
+    with write_lock(db_path):
+        in_flight = make_message(body="in flight")
+        store.submit(in_flight, None)
+        await wait_until(lambda: store.stats().queue_depth == 0)  # the writer took it
+        queued = [make_message(body=f"queued {i}") for i in range(3)]
+        for message in queued:
+            store.submit(message, None)
+        rejected = make_message(body="rejected")
+        with pytest.raises(StoreUnavailable, match="overloaded"):
+            store.submit(rejected, None)
+        assert store.stats().queue_depth == 3
+    await store.flush()
+
+    assert [m.seq for m in [in_flight, *queued]] == [1, 2, 3, 4]
+    assert rejected.seq == 0
+    reported = [m for result in recorder.results for m, _ in result.items]
+    assert reported == [in_flight, *queued]
+    assert stored_seqs(db_path) == [1, 2, 3, 4]
+
+
+async def test_failing_on_batch_callback_does_not_stall_the_store(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def on_batch(result: BatchResult) -> None:
+        raise RuntimeError("callback bug")
+
+    store = SqliteHistoryStore(path=db_path, on_batch=on_batch)
+    await store.start()
+    try:
+        message = make_message()
+        store.submit(message, None)
+        await store.flush()
+        assert message.seq == 1
+        assert "on_batch callback failed" in caplog.text
+    finally:
+        await store.close()
+
+
+# ---- reads ---------------------------------------------------------------------------
+
+
+async def test_history_pages_backwards_with_before_and_limit(open_store: StoreFactory) -> None:
+    store, _ = await open_store()
+    for i in range(1, 13):
+        store.submit(make_message(body=f"m{i}", ref=f"c-{i}" if i % 2 else None), None)
+        store.submit(make_message("other", body=f"o{i}"), None)
+    await store.flush()
+
+    latest = await store.history("lobby", None, 5)
+    assert [m.seq for m in latest] == [8, 9, 10, 11, 12]
+    assert latest[0] == Message(room="lobby", seq=8, user="alice", body="m8", ts=TS_MS, ref=None)
+    assert latest[1].ref == "c-9"
+    assert [m.seq for m in await store.history("lobby", 8, 5)] == [3, 4, 5, 6, 7]
+    assert [m.seq for m in await store.history("lobby", 3, 5)] == [1, 2]
+    assert await store.history("lobby", 1, 5) == []
+    assert [m.body for m in await store.history("other", None, 2)] == ["o11", "o12"]
+
+
+async def test_after_returns_following_messages_ascending(open_store: StoreFactory) -> None:
+    store, _ = await open_store()
+    for i in range(1, 13):
+        store.submit(make_message(body=f"m{i}"), None)
+    await store.flush()
+
+    assert [m.seq for m in await store.after("lobby", 0, 3)] == [1, 2, 3]
+    assert [m.seq for m in await store.after("lobby", 10, 100)] == [11, 12]
+    assert await store.after("lobby", 12, 100) == []
+
+
+async def test_empty_room_has_no_history_and_last_seq_zero(open_store: StoreFactory) -> None:
+    store, _ = await open_store()
+    assert await store.history("nobody-here", None, 50) == []
+    assert await store.after("nobody-here", 0, 50) == []
+    assert store.last_seq("nobody-here") == 0
+
+
+# ---- durability ---------------------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio
+    import sys
+
+    from chat_server.messages import Message
+    from chat_server.store.sqlite import SqliteHistoryStore
+
+
+    def on_batch(result):
+        if result.error is None:
+            sys.stdout.write("".join(f"{message.seq}\\n" for message, _ in result.items))
+            sys.stdout.flush()
+
+
+    async def main(path, count):
+        store = SqliteHistoryStore(path=path, on_batch=on_batch)
+        await store.start()
+        for i in range(count):
+            store.submit(Message(room="lobby", seq=0, user="u", body=f"m{i}", ts=0), None)
+            if i % 10 == 9:  # keep writing while the parent reads acks and kills
+                await store.flush()
+        await store.flush()
+        sys.stdout.write("done\\n")
+        sys.stdout.flush()
+        await asyncio.sleep(3600)
+
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    """
+)
+
+
+async def test_acked_messages_survive_sigkill(
+    tmp_path: Path, db_path: Path, open_store: StoreFactory
+) -> None:
+    path = db_path
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        str(path),
+        "300",
+        stdout=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    acked: list[int] = []
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(60):
+            while len(acked) < 100:
+                line = await proc.stdout.readline()
+                if line in (b"", b"done\n"):
+                    break
+                acked.append(int(line))
+    finally:
+        proc.kill()  # SIGKILL: no flush, no close
+        await proc.wait()
+
+    assert acked, "the child reported no ack before it was killed"
+    assert acked == list(range(1, len(acked) + 1))
+    stored = stored_seqs(path)
+    assert stored == list(range(1, len(stored) + 1))
+    assert set(acked) <= set(stored)
+
+    store, _ = await open_store()
+    assert store.last_seq("lobby") == len(stored)
+    message = make_message()
+    store.submit(message, None)
+    await store.flush()
+    assert message.seq == len(stored) + 1
+
+
+# ---- life cycle ---------------------------------------------------------------------
+
+
+async def test_close_flushes_and_later_submits_are_refused(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, recorder = await open_store()
+    messages = [make_message() for _ in range(10)]
+    for message in messages:
+        store.submit(message, None)
+    await store.close()
+
+    assert [m.seq for m in messages] == list(range(1, 11))
+    assert sum(len(result.items) for result in recorder.results) == 10
+    with pytest.raises(StoreUnavailable, match="closed"):
+        store.submit(make_message(), None)
+    with pytest.raises(StoreUnavailable):
+        await store.history("lobby", None, 10)
+    await store.close()  # a second close is harmless
+    assert not [t for t in threading.enumerate() if t.name == "chat-history-writer"]
+
+
+async def test_submit_before_start_is_refused(db_path: Path) -> None:
+    store = SqliteHistoryStore(path=db_path, on_batch=Recorder())
+    with pytest.raises(StoreUnavailable, match="not started"):
+        store.submit(make_message(), None)
+
+
+@pytest.mark.parametrize("where", ["directory", "under_a_file"])
+async def test_start_on_unusable_path_raises_store_error(tmp_path: Path, where: str) -> None:
+    if where == "directory":
+        path = tmp_path
+    else:
+        (tmp_path / "plain-file").write_text("not a directory")
+        path = tmp_path / "plain-file" / "chat.sqlite3"
+    store = SqliteHistoryStore(path=path, on_batch=Recorder())
+
+    with pytest.raises(StoreError, match="cannot open history store"):
+        await store.start()
+    with pytest.raises(StoreUnavailable):
+        store.submit(make_message(), None)
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"synchronous": "off"},
+        {"queue_max": 0},
+        {"batch_max": 0},
+        {"history_max": -1},
+        {"busy_timeout_ms": -1},
+    ],
+)
+def test_bad_settings_are_refused(db_path: Path, overrides: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        SqliteHistoryStore(path=db_path, on_batch=Recorder(), **overrides)
