@@ -10,60 +10,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-import uuid
 from pathlib import Path
 
-import jwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 from websockets.asyncio.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness import KeyPair, ServerProcess  # noqa: E402
 from chat_server.codecs import get_codec  # noqa: E402
 from chat_server.messages import Ack, HistoryRequest, Join, Send  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _mint(key: ed25519.Ed25519PrivateKey, user: str) -> str:
-    now = int(time.time())
-    claims = {
-        "sub": user,
-        "iss": "chatlab-auth",
-        "aud": "chatlab-chat",
-        "iat": now,
-        "exp": now + 300,
-        "jti": uuid.uuid4().hex,
-    }
-    return jwt.encode(claims, key, algorithm="EdDSA", headers={"kid": "demo"})
 
 
 def _show(who: str, message: object) -> None:
     print(f"  {who:<6} <- {message}")
 
 
-async def _talk(url: str, serializer: str, key: ed25519.Ed25519PrivateKey) -> None:
+async def _talk(url: str, serializer: str, keys: KeyPair) -> None:
     codec = get_codec(serializer)
     text = not codec.binary
 
     async def open_as(user: str):
         conn = await connect(
             url,
-            additional_headers={"Authorization": f"Bearer {_mint(key, user)}"},
+            additional_headers={"Authorization": f"Bearer {keys.mint(user)}"},
             subprotocols=[codec.subprotocol],
             compression=None,
         )
@@ -112,43 +84,15 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="chatlab-demo-") as tmp:
-        workdir = Path(tmp)
-        key = ed25519.Ed25519PrivateKey.generate()
-        public_pem = workdir / "jwt_public.pem"
-        public_pem.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
-        port = _free_port()
-        env = {
-            **os.environ,
-            "CHAT_PORT": str(port),
-            "CHAT_DB": str(workdir / "chat.sqlite3"),
-            "JWT_PUBLIC_KEY": str(public_pem),
-            "SERIALIZER": args.serializer,
-            "EVENT_LOOP": args.loop,
-            "PYTHONPATH": str(ROOT),
-        }
-        print(
-            f"demo: starting the chat server on 127.0.0.1:{port} ({args.serializer}, {args.loop})"
-        )
-        server = subprocess.Popen([sys.executable, "-m", "chat_server"], cwd=workdir, env=env)
+        keys = KeyPair(Path(tmp))
+        server = ServerProcess(Path(tmp), keys, serializer=args.serializer, event_loop=args.loop)
+        print(f"demo: starting the chat server on 127.0.0.1:{server.port}")
+        server.start()
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                    break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        print("demo: the server did not start", file=sys.stderr)
-                        return 1
-                    time.sleep(0.1)
-            asyncio.run(_talk(f"ws://127.0.0.1:{port}/ws", args.serializer, key))
+            print("demo: " + server.log().strip().splitlines()[-1].split(": ", 1)[-1])
+            asyncio.run(_talk(server.url, args.serializer, keys))
         finally:
-            server.send_signal(signal.SIGTERM)
-            status = server.wait(30)
+            status = server.stop()
         print(f"demo: server stopped gracefully (exit {status}). Next: `make test`, `make bench`.")
         return 0 if status == 0 else 1
 

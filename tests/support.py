@@ -1,25 +1,13 @@
-"""Test support: a real chat server process, real websocket clients, real keys and tokens."""
+"""Test support: real websocket clients; keys and server processes come from bench.harness."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-import uuid
-from contextlib import suppress
-from pathlib import Path
 from typing import Any
 
-import jwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.harness import AUDIENCE, ISSUER, ROOT, KeyPair, ServerProcess, free_port
 from chat_server.codecs import get_codec
 from chat_server.messages import (
     ClientMessage,
@@ -30,130 +18,7 @@ from chat_server.messages import (
     ServerMessage,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-ISSUER = "chatlab-auth"
-AUDIENCE = "chatlab-chat"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class KeyPair:
-    """An Ed25519 key pair on disk (public PEM) that mints tokens like the auth service."""
-
-    def __init__(self, directory: Path) -> None:
-        self.private_key = ed25519.Ed25519PrivateKey.generate()
-        self.public_path = directory / "jwt_public.pem"
-        self.public_path.write_bytes(
-            self.private_key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
-
-    def mint(self, sub: str | None, ttl_s: float = 600, **claims: Any) -> str:
-        """A signed EdDSA token for ``sub``; ``claims`` override or add claims (None drops one)."""
-        now = int(time.time())
-        payload: dict[str, Any] = {
-            "sub": sub,
-            "iss": ISSUER,
-            "aud": AUDIENCE,
-            "iat": now,
-            "exp": now + int(ttl_s),
-            "jti": uuid.uuid4().hex,
-        }
-        payload.update(claims)
-        payload = {k: v for k, v in payload.items() if v is not None}
-        return jwt.encode(payload, self.private_key, algorithm="EdDSA", headers={"kid": "test"})
-
-
-class ServerProcess:
-    """``python -m chat_server`` as a subprocess on a free port, in its own working directory."""
-
-    def __init__(self, workdir: Path, keys: KeyPair, **settings: Any) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.settings = {k.upper(): str(v) for k, v in settings.items()}
-        self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("CHAT_", "JWT_"))},
-            "CHAT_HOST": "127.0.0.1",
-            "CHAT_PORT": str(self.port),
-            "CHAT_DB": str(workdir / "chat.sqlite3"),
-            "JWT_PUBLIC_KEY": str(keys.public_path),
-            "PING_INTERVAL_S": "20",
-            "CLOSE_TIMEOUT_S": "2",
-            "PYTHONPATH": str(ROOT),
-            **self.settings,
-        }
-        self.log_path = workdir / f"server-{self.port}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.serializer = self.env.get("SERIALIZER", "orjson")
-
-    @property
-    def url(self) -> str:
-        """The websocket URL."""
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def start(self, timeout_s: float = 20) -> ServerProcess:
-        """Start and wait until /healthz answers."""
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chat_server"],
-            cwd=self.workdir,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()}")
-            with suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
-                return self
-            time.sleep(0.05)
-        raise RuntimeError(f"server did not answer /healthz:\n{self.log()}")
-
-    def log(self) -> str:
-        """Everything the server printed."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stats(self) -> dict[str, Any]:
-        """The server's /stats counters."""
-        import json
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=5) as resp:
-            return json.loads(resp.read())
-
-    def signal(self, sig: int) -> None:
-        """Send a signal to the server."""
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float = 20) -> int:
-        """Wait for the server to exit; its status."""
-        assert self.proc is not None
-        return self.proc.wait(timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL, and wait."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait (SIGKILL if it hangs); the exit status."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
+__all__ = ["AUDIENCE", "ISSUER", "ROOT", "Client", "KeyPair", "ServerProcess", "free_port"]
 
 
 class Client:
