@@ -8,7 +8,7 @@ when it is not set, so absent and zero differ as in the JSON form.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -272,6 +272,32 @@ def _wrong_frame(frame: object) -> CodecError:
 _NO_KIND = "no kind set (empty or unknown oneof field)"
 
 
+_Decoded = TypeVar("_Decoded")
+
+
+def _protobuf_decoder(
+    from_bytes: Callable[[Any], Any],
+    decoders: dict[str | None, Callable[[Any], _Decoded]],
+    doc: str,
+) -> Callable[[ProtobufCodec, bytes | str], _Decoded]:
+    """Return a ``decode_*`` method parsing with ``from_bytes``: one code path for both sides."""
+
+    def decode(self: ProtobufCodec, frame: bytes | str) -> _Decoded:
+        try:
+            pb = from_bytes(frame)
+        except DecodeError as exc:
+            raise CodecError(_BAD_REQUEST, f"invalid protobuf: {exc}") from None
+        except TypeError:  # a str, or not a frame at all
+            raise _wrong_frame(frame) from None
+        kind_decoder = decoders.get(pb.WhichOneof("kind"))
+        if kind_decoder is None:
+            raise CodecError(_BAD_REQUEST, _NO_KIND)
+        return kind_decoder(pb)
+
+    decode.__doc__ = doc
+    return decode
+
+
 class ProtobufCodec(Codec):
     """``SERIALIZER=protobuf``: binary frames holding a ``ClientMessage``/``ServerMessage``.
 
@@ -284,35 +310,20 @@ class ProtobufCodec(Codec):
     subprotocol = "chatlab.protobuf"
     binary = True
 
-    def decode_client(self, frame: bytes | str) -> ClientMessage:
-        """Turn a binary frame into a client message, or raise ``CodecError``."""
-        try:
-            pb = _client_from_bytes(frame)
-        except DecodeError as exc:
-            raise CodecError(_BAD_REQUEST, f"invalid protobuf: {exc}") from None
-        except TypeError:
-            raise _wrong_frame(frame) from None
-        decode = _CLIENT_DECODERS.get(pb.WhichOneof("kind"))
-        if decode is None:
-            raise CodecError(_BAD_REQUEST, _NO_KIND)
-        return decode(pb)
+    decode_client = _protobuf_decoder(
+        _client_from_bytes,
+        _CLIENT_DECODERS,
+        "Turn a binary frame into a client message, or raise ``CodecError``.",
+    )
+    decode_server = _protobuf_decoder(
+        _server_from_bytes,
+        _SERVER_DECODERS,
+        "Client side: turn a binary frame into a server message, or raise ``CodecError``.",
+    )
 
     def encode_server(self, message: ServerMessage) -> bytes:
         """Return the serialized ``ServerMessage`` holding ``message``."""
         return _SERVER_ENCODERS[message.__class__](message)
-
-    def decode_server(self, frame: bytes | str) -> ServerMessage:
-        """Client side: turn a binary frame into a server message, or raise ``CodecError``."""
-        try:
-            pb = _server_from_bytes(frame)
-        except DecodeError as exc:
-            raise CodecError(_BAD_REQUEST, f"invalid protobuf: {exc}") from None
-        except TypeError:
-            raise _wrong_frame(frame) from None
-        decode = _SERVER_DECODERS.get(pb.WhichOneof("kind"))
-        if decode is None:
-            raise CodecError(_BAD_REQUEST, _NO_KIND)
-        return decode(pb)
 
     def encode_client(self, message: ClientMessage) -> bytes:
         """Client side: return the serialized ``ClientMessage`` holding ``message``."""

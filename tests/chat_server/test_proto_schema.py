@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import pytest
 from google.protobuf import descriptor_pb2, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
 
 from chat_server import messages
 from chat_server.codecs import chat_pb2
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
+
+_Proto = TypeVar("_Proto", bound=Message)
 
 INT64 = msgspec.inspect.IntType(ge=-(2**63), le=2**63 - 1)
 STRING = msgspec.inspect.StrType()
@@ -49,6 +53,22 @@ def _one_line(message: object) -> str:
     return text_format.MessageToString(message, as_one_line=True) or "<absent>"  # type: ignore[arg-type]
 
 
+def _both(what: str, compiled: object, generated: object) -> str:
+    """Say how ``what`` reads in the schema and in the generated module."""
+    return (
+        f"{what}: proto/chat.proto has {{{_one_line(compiled)}}}, "
+        f"chat_pb2.py has {{{_one_line(generated)}}}"
+    )
+
+
+def _without(message: _Proto, field: str) -> _Proto:
+    """Return a copy of ``message`` with ``field`` cleared."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    copy.ClearField(field)
+    return copy
+
+
 def _message_differences(
     name: str, want: descriptor_pb2.DescriptorProto, have: descriptor_pb2.DescriptorProto
 ) -> list[str]:
@@ -59,20 +79,10 @@ def _message_differences(
     for number in sorted(want_fields.keys() | have_fields.keys()):
         w, h = want_fields.get(number), have_fields.get(number)
         if w != h:
-            found.append(
-                f"{name} field #{number}: proto/chat.proto has {{{_one_line(w)}}}, "
-                f"chat_pb2.py has {{{_one_line(h)}}}"
-            )
-    rest_want, rest_have = type(want)(), type(have)()
-    rest_want.CopyFrom(want)
-    rest_have.CopyFrom(have)
-    rest_want.ClearField("field")
-    rest_have.ClearField("field")
+            found.append(_both(f"{name} field #{number}", w, h))
+    rest_want, rest_have = _without(want, "field"), _without(have, "field")
     if rest_want != rest_have:
-        found.append(
-            f"{name}: proto/chat.proto has {{{_one_line(rest_want)}}}, "
-            f"chat_pb2.py has {{{_one_line(rest_have)}}}"
-        )
+        found.append(_both(name, rest_want, rest_have))
     return found
 
 
@@ -94,19 +104,10 @@ def _differences(
     generated_order = [m.name for m in generated.message_type]
     if compiled_order != generated_order and set(compiled_order) == set(generated_order):
         found.append(f"message order: {compiled_order} != {generated_order}")
-    rest_compiled, rest_generated = (
-        descriptor_pb2.FileDescriptorProto(),
-        descriptor_pb2.FileDescriptorProto(),
-    )
-    rest_compiled.CopyFrom(compiled)
-    rest_generated.CopyFrom(generated)
-    rest_compiled.ClearField("message_type")
-    rest_generated.ClearField("message_type")
+    rest_compiled = _without(compiled, "message_type")
+    rest_generated = _without(generated, "message_type")
     if rest_compiled != rest_generated:
-        found.append(
-            f"file: proto/chat.proto has {{{_one_line(rest_compiled)}}}, "
-            f"chat_pb2.py has {{{_one_line(rest_generated)}}}"
-        )
+        found.append(_both("file", rest_compiled, rest_generated))
     return found
 
 
