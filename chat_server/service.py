@@ -46,6 +46,7 @@ class ChatService:
             batch_max=settings.store_batch_max,
             history_max=settings.history_max,
         )
+        self.broker = MemoryBroker(self._deliver)
         self.core = ChatCore(
             codec,
             self.store.last_seq,
@@ -53,8 +54,9 @@ class ChatService:
             max_protocol_errors=settings.max_protocol_errors,
             rate_limit_per_s=settings.rate_limit_per_s,
             rate_limit_burst=settings.rate_limit_burst,
+            room_opened=self.broker.subscribe,
+            room_closed=self.broker.unsubscribe,
         )
-        self.broker = MemoryBroker(self.core.deliver)
         self.decode = codec.decode_client
         self.draining = False
         self._paced: dict[Session, SendPaced] = {}
@@ -134,6 +136,9 @@ class ChatService:
         for message, session in result.items:
             publish(message)
             ack(session, message)
+
+    def _deliver(self, message: Message) -> None:
+        self.core.deliver(message)
 
     def _join(self, session: Session, message: Join) -> None:
         if self.core.join(session, message):

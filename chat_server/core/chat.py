@@ -109,8 +109,13 @@ class ChatCore:
         max_protocol_errors: int,
         rate_limit_per_s: float,
         rate_limit_burst: int,
+        room_opened: Callable[[str], None] = lambda room: None,
+        room_closed: Callable[[str], None] = lambda room: None,
     ) -> None:
         self.codec = codec
+        #: the broker seam: a process receives a room's messages while it has members there
+        self.room_opened = room_opened
+        self.room_closed = room_closed
         self.encode = codec.encode_server
         self.last_seq = last_seq
         self.max_body_chars = max_body_chars
@@ -190,6 +195,7 @@ class ChatCore:
         room = self.rooms.get(room_name)
         if room is None:
             room = self.rooms[room_name] = Room(room_name)
+            self.room_opened(room_name)
         replay = message.since is not None
         if room_name not in session.rooms:
             count = room.users.get(session.user, 0)
@@ -246,6 +252,7 @@ class ChatCore:
         room.users.pop(session.user, None)
         if len(room) == 0:
             del self.rooms[room_name]
+            self.room_closed(room_name)
         else:
             self._presence(room, session.user, "leave")
 

@@ -157,3 +157,27 @@ def test_rate_limited_replies_spread_out_do_not_close():
     for i in range(20):
         world.core.rate_limited(a, i * 1.0)  # one a second: under BURST per BURST/RATE s
     assert pa.closed is None
+
+
+def test_rooms_open_and_close_through_the_broker_seam():
+    opened: list[str] = []
+    closed: list[str] = []
+    core = ChatCore(
+        CODEC,
+        lambda room: 0,
+        max_body_chars=10,
+        max_protocol_errors=3,
+        rate_limit_per_s=1,
+        rate_limit_burst=1,
+        room_opened=opened.append,
+        room_closed=closed.append,
+    )
+    a = core.open_session("alice", lambda frame: None, lambda code, reason: None, 0)
+    b = core.open_session("bob", lambda frame: None, lambda code, reason: None, 0)
+    core.join(a, Join(room="r"))
+    core.join(b, Join(room="r"))
+    assert (opened, closed) == (["r"], [])
+    core.leave(a, Leave(room="r"))
+    assert closed == []
+    core.close_session(b)
+    assert (opened, closed) == (["r"], ["r"])
