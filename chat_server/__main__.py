@@ -58,6 +58,7 @@ async def serve(settings: Settings, verifier: TokenVerifier) -> int:
         return 1
     stop = asyncio.Event()
     on_stop_signals(stop.set)
+    jwks_refresh = verifier.start_refresh()
     backend = f" ({protobuf_backend()} backend)" if settings.serializer == "protobuf" else ""
     log.info(
         "chat_server listening on ws://%s:%d/ws %s%s",
@@ -75,6 +76,8 @@ async def serve(settings: Settings, verifier: TokenVerifier) -> int:
     await service.drain()
     await transport.close_all(CLOSE_GOING_AWAY, "server shutting down")
     await service.close()
+    if jwks_refresh is not None:
+        jwks_refresh.cancel()
     log.info("chat_server stopped")
     return 0
 

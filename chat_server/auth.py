@@ -1,13 +1,24 @@
 """Token verification at the handshake: the chat server only *verifies* JWTs.
 
-The public key is loaded once at start; each handshake costs one signature check
-(PyJWT on ``cryptography``), with ``exp``, ``iss``, ``aud`` and ``sub`` required
-and only the configured algorithm accepted (never ``none``, never HS* with a
-public key, because the algorithm list has exactly one asymmetric entry).
+Keys come from ``JWT_PUBLIC_KEY`` (one PEM, loaded once at start) or, when
+``JWT_JWKS_URL`` is set, from the auth service's JWK set: fetched at start (an
+unreachable set stops the server with exit 2) and refreshed in the background on
+a worker thread, never on the handshake path; a token's key is picked by its
+``kid``. Each handshake costs one signature check (PyJWT on ``cryptography``),
+with ``exp``, ``iss``, ``aud`` and ``sub`` required and only the configured
+algorithm accepted (never ``none``, never HS* with a public key, because the
+algorithm list has exactly one asymmetric entry).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 import jwt
@@ -25,6 +36,9 @@ _KEY_TYPES = {
 }
 
 
+log = logging.getLogger("chat_server.auth")
+
+
 class InvalidToken(ChatError):
     """A token that does not open a chat connection; ``str()`` is the one-line reason."""
 
@@ -32,19 +46,34 @@ class InvalidToken(ChatError):
 class TokenVerifier:
     """Verifies chat tokens against one public key; returns the user (``sub``)."""
 
-    def __init__(self, public_key: object, algorithm: str, issuer: str, audience: str) -> None:
+    def __init__(
+        self,
+        public_key: object,
+        algorithm: str,
+        issuer: str,
+        audience: str,
+        keys_by_kid: JwksKeys | None = None,
+    ) -> None:
         self._key = public_key
+        self._keys_by_kid = keys_by_kid
         self._algorithms = [algorithm]
         self._issuer = issuer
         self._audience = audience
         self._jwt = jwt.PyJWT(options={"require": ["exp", "iss", "aud", "sub"]})
 
+    def start_refresh(self) -> asyncio.Task[None] | None:
+        """Start refreshing the JWK set in the background (None with a single PEM key)."""
+        if self._keys_by_kid is None:
+            return None
+        return asyncio.ensure_future(self._keys_by_kid.refresh_forever())
+
     def verify(self, token: str) -> str:
         """Return the token's ``sub`` if it is valid now, else raise :class:`InvalidToken`."""
+        key = self._key if self._keys_by_kid is None else self._keys_by_kid.key_for(token)
         try:
             claims = self._jwt.decode(
                 token,
-                self._key,  # type: ignore[arg-type]
+                key,  # type: ignore[arg-type]
                 algorithms=self._algorithms,
                 issuer=self._issuer,
                 audience=self._audience,
@@ -72,7 +101,18 @@ class TokenVerifier:
 
 
 def load_verifier(settings: Settings) -> TokenVerifier:
-    """Load ``JWT_PUBLIC_KEY`` for ``JWT_ALGORITHM``; a missing or wrong key is a SettingError."""
+    """Load the keys (JWK set or ``JWT_PUBLIC_KEY``); a missing or wrong key is a SettingError."""
+    if settings.jwt_jwks_url:
+        jwks = JwksKeys(settings.jwt_jwks_url, settings.jwt_algorithm, settings.jwks_refresh_s)
+        try:
+            jwks.fetch()
+        except (OSError, ValueError, jwt.PyJWTError) as exc:
+            raise SettingError(
+                "JWT_JWKS_URL", settings.jwt_jwks_url, f"cannot load a JWK set from it ({exc})"
+            ) from None
+        return TokenVerifier(
+            None, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience, jwks
+        )
     path = Path(settings.jwt_public_key)
     try:
         key = load_pem_public_key(path.read_bytes())
@@ -94,3 +134,72 @@ def load_verifier(settings: Settings) -> TokenVerifier:
             f"the key does not suit JWT_ALGORITHM={settings.jwt_algorithm}",
         )
     return TokenVerifier(key, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience)
+
+
+class JwksKeys:
+    """The auth service's JWK set, by ``kid``, refreshed off the event loop.
+
+    :meth:`key_for` never does I/O: it reads the last fetched set. A token whose
+    ``kid`` is unknown is refused and schedules an early refresh (at most one per
+    ``min_refresh_s``), so a key rotated in between refreshes is picked up soon.
+    """
+
+    def __init__(
+        self, url: str, algorithm: str, refresh_s: float, min_refresh_s: float = 5.0
+    ) -> None:
+        self.url = url
+        self.algorithm = algorithm
+        self.refresh_s = refresh_s
+        self.min_refresh_s = min_refresh_s
+        self._keys: Mapping[str, object] = {}
+        self._last_fetch = 0.0
+        self._wake: asyncio.Event | None = None
+
+    def fetch(self, timeout_s: float = 5.0) -> None:
+        """Fetch and install the set now (blocking: call it from a thread, or at start)."""
+        with urllib.request.urlopen(self.url, timeout=timeout_s) as response:
+            document = json.loads(response.read())
+        keys: dict[str, object] = {}
+        for jwk in jwt.PyJWKSet.from_dict(document):
+            if jwk.key_id is None:
+                continue
+            if jwk.algorithm_name not in (self.algorithm, "UNKNOWN"):
+                continue
+            keys[jwk.key_id] = jwk.key
+        if not keys:
+            raise ValueError(f"the JWK set has no {self.algorithm} key with a kid")
+        self._keys = keys
+        self._last_fetch = time.monotonic()
+
+    @property
+    def kids(self) -> list[str]:
+        """The key ids currently trusted."""
+        return list(self._keys)
+
+    def key_for(self, token: str) -> object:
+        """The key named by the token's ``kid``; raise :class:`InvalidToken` when unknown."""
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+        except jwt.PyJWTError as exc:
+            raise InvalidToken(f"invalid token: {exc}") from None
+        key = self._keys.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            if self._wake is not None and time.monotonic() - self._last_fetch > self.min_refresh_s:
+                self._wake.set()
+            raise InvalidToken("token key id (kid) is not in the auth service's key set")
+        return key
+
+    async def refresh_forever(self) -> None:
+        """Refresh every ``refresh_s`` (sooner when an unknown kid was seen) until cancelled."""
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+            self._wake.clear()
+            try:
+                await loop.run_in_executor(None, self.fetch)
+            except (OSError, ValueError, jwt.PyJWTError) as exc:
+                log.warning(
+                    "JWK set refresh from %s failed, keeping %s: %s", self.url, self.kids, exc
+                )

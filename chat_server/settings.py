@@ -255,7 +255,13 @@ SPECS: tuple[Spec, ...] = (
         "",
         _optional_text,
         "take keys from this JWK set instead of JWT_PUBLIC_KEY (empty: off)",
-        not_built=_not(""),
+    ),
+    Spec(
+        "JWKS_REFRESH_S",
+        "jwks_refresh_s",
+        "60",
+        _float(1),
+        "seconds between background refreshes of the JWK set",
     ),
     Spec(
         "PROFILE",
@@ -408,6 +414,7 @@ class Settings:
     jwt_issuer: str
     jwt_audience: str
     jwt_jwks_url: str
+    jwks_refresh_s: float
     profile: str
     profile_interval_s: float
     metrics_port: int
