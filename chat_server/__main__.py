@@ -67,6 +67,12 @@ async def serve(settings: Settings, verifier: TokenVerifier) -> int:
         settings.summary(),
         backend,
     )
+    if settings.regression != "off":
+        log.warning(
+            "REGRESSION=%s is ON: this server makes a deliberate mistake for the lab; "
+            "never use it for real traffic",
+            settings.regression,
+        )
     await stop.wait()
     log.info("stop signal: refusing sends, committing, then closing with 1001")
     transport.stop_accepting()

@@ -28,6 +28,8 @@ from chat_server.store.sqlite import SqliteHistoryStore
 log = logging.getLogger("chat_server")
 
 REPLAY_PAGE = 200
+#: REGRESSION=blocking_loop: how long each send blocks the event loop
+BLOCKING_LOOP_S = 0.001
 
 SendPaced = Callable[[bytes], Awaitable[None]]
 
@@ -43,7 +45,10 @@ class ChatService:
             on_batch=self._on_batch,
             synchronous=settings.chat_db_synchronous,
             queue_max=settings.store_queue_max,
-            batch_max=settings.store_batch_max,
+            # REGRESSION=commit_per_message: one transaction per message, no group commit
+            batch_max=1
+            if settings.regression == "commit_per_message"
+            else settings.store_batch_max,
             history_max=settings.history_max,
         )
         self.broker = MemoryBroker(self._deliver)
@@ -68,6 +73,11 @@ class ChatService:
             Leave: self._leave,
             HistoryRequest: self._history,
         }
+        # deliberate mistakes for the lab, chosen once here (REGRESSION, loud at start)
+        if settings.regression == "encode_per_recipient":
+            self.core.deliver = self.core.deliver_encoding_per_recipient  # type: ignore[method-assign]
+        if settings.regression == "blocking_loop":
+            self._handlers[Send] = self._send_blocking
 
     async def start(self) -> None:
         """Open the history store and the broker."""
@@ -139,6 +149,16 @@ class ChatService:
 
     def _deliver(self, message: Message) -> None:
         self.core.deliver(message)
+
+    def _send_blocking(self, session: Session, message: Send) -> None:
+        """REGRESSION=blocking_loop: a blocking call on the event loop before each send.
+
+        The classic ``time.sleep`` where ``await asyncio.sleep`` was meant (or a
+        synchronous database or HTTP client inside a handler): every connection
+        waits while it runs.
+        """
+        time.sleep(BLOCKING_LOOP_S)
+        self._send(session, message)
 
     def _join(self, session: Session, message: Join) -> None:
         if self.core.join(session, message):

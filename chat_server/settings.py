@@ -351,7 +351,7 @@ SPECS: tuple[Spec, ...] = (
         "off",
         _choice(*REGRESSIONS),
         "one deliberate mistake for the lab (off in real use)",
-        not_built=_not("off"),
+        not_built=lambda value: value == "auth_inline",
     ),
     Spec(
         "AUTH_INLINE_PORT",
@@ -465,6 +465,10 @@ class Settings:
         return settings
 
     def _check_combinations(self) -> None:
+        if self.regression == "deflate_max_window" and not self.ws_deflate:
+            raise SettingError(
+                "REGRESSION", self.regression, "deflate_max_window needs WS_DEFLATE=on"
+            )
         if self.ping_interval_s and not self.ping_timeout_s:
             raise SettingError("PING_TIMEOUT_S", "0", "must be above 0 while PING_INTERVAL_S is on")
 
@@ -480,6 +484,7 @@ class Settings:
             f"deflate={'on' if self.ws_deflate else 'off'} affinity={affinity} "
             f"workers={self.workers} broker={self.broker} transport={self.transport} "
             f"store=sqlite:{self.chat_db} synchronous={self.chat_db_synchronous}"
+            + (f" REGRESSION={self.regression}" if self.regression != "off" else "")
         )
 
 

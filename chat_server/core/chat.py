@@ -281,6 +281,15 @@ class ChatCore:
         for send in room.live.values():
             send(frame)
 
+    def deliver_encoding_per_recipient(self, message: Message) -> None:
+        """REGRESSION=encode_per_recipient: :meth:`deliver` re-encoding for every member."""
+        room = self.rooms.get(message.room)
+        if room is None:
+            return
+        encode = self.encode
+        for send in room.live.values():
+            send(encode(message))
+
     def ack(self, session: Session, message: Message) -> None:
         """Acknowledge a committed message to its sender."""
         if not session.closed:

@@ -60,7 +60,7 @@ BAD_VALUES = {
     "BROKER": "redis",  # not built yet
     "TRANSPORT": "picows",  # not built yet
     "PROFILE": "cprofile",  # not built yet
-    "REGRESSION": "blocking_loop",  # not built yet
+    "REGRESSION": "auth_inline",  # not built yet
     "CHAT_PORT": "70000",
     "MAX_FRAME_BYTES": "lots",
     "JWT_ALGORITHM": "HS256",
@@ -90,6 +90,12 @@ def test_bad_value_exits_2_naming_the_variable(name: str, tmp_path: Path, keys: 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert name in lines[0] and BAD_VALUES[name] in lines[0]
+
+
+def test_deflate_max_window_needs_deflate():
+    with pytest.raises(SettingError) as bad:
+        Settings.from_mapping({"REGRESSION": "deflate_max_window", "WS_DEFLATE": "off"})
+    assert bad.value.name == "REGRESSION"
 
 
 def test_unusable_database_exits_2_naming_chat_db(tmp_path: Path, keys: KeyPair):
