@@ -138,6 +138,8 @@ class WebsocketsTransport:
             compression=None,
             extensions=_deflate_extensions(s),
             max_size=s.max_frame_bytes,
+            # paced sends (replay) wait below this, well under the 1013 bound
+            write_limit=min(2**15, s.max_outbound_bytes // 4),
             ping_interval=s.ping_interval_s or None,
             ping_timeout=s.ping_timeout_s or None,
             close_timeout=s.close_timeout_s,

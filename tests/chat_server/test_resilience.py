@@ -8,7 +8,7 @@ import signal
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from chat_server.messages import Ack, Error, Message, Send, Welcome
+from chat_server.messages import Ack, Error, Join, Joined, Message, Send, Welcome
 from tests.support import Client, KeyPair, ServerProcess
 
 
@@ -226,3 +226,36 @@ async def test_history_page_is_cut_to_max_history_bytes(start_server, keys: KeyP
         assert page.messages
         collected = [m.seq for m in page.messages] + collected
     assert collected == list(range(1, 41))
+
+
+async def test_replay_is_paced_by_the_reader_and_never_trips_1013(start_server, keys: KeyPair):
+    server = start_server(
+        event_loop="asyncio",
+        max_outbound_bytes=8192,
+        rate_limit_per_s=100000,
+        rate_limit_burst=100000,
+    )
+    writer = await Client.connect(server, keys.mint("writer"))
+    await writer.expect(Welcome)
+    await writer.join("replay")
+    total = 1500
+    for i in range(1, total + 1):
+        await writer.say("replay", f"{i:05d}" + "r" * 3900)
+    for _ in range(total):
+        await writer.expect(Ack, skip=(Message,))
+
+    reader = await Client.connect(server, keys.mint("reader"), max_queue=1)
+    await reader.expect(Welcome)
+    reader.conn.transport.pause_reading()  # type: ignore[union-attr]
+    await reader.send(Join(room="replay", since=0))
+    await asyncio.sleep(1.5)  # the server's replay waits for us meanwhile
+    assert server.stats()["slow_consumer_closes"] == 0
+    reader.conn.transport.resume_reading()  # type: ignore[union-attr]
+    await reader.expect(Joined)
+    seqs = []
+    while len(seqs) < total:
+        seqs.append((await reader.expect(Message, timeout_s=20)).seq)
+    assert seqs == list(range(1, total + 1))
+    await writer.say("replay", "live after replay")
+    assert (await reader.expect(Message)).seq == total + 1
+    assert server.stats()["slow_consumer_closes"] == 0
