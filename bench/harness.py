@@ -147,3 +147,181 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+
+
+# ---- the auth service ----------------------------------------------------------------
+
+#: argon2 parameters that keep real hashes to milliseconds (tests); real use keeps the defaults
+FAST_ARGON2 = {"ARGON2_TIME_COST": "1", "ARGON2_MEMORY_COST_KIB": "8192", "ARGON2_PARALLELISM": "1"}
+_AUTH_PREFIXES = ("AUTH_", "JWT_", "ARGON2_", "HASH_", "LOGIN_", "REGISTER_", "TOKEN_")
+
+
+class HttpReply:
+    """A finished HTTP exchange: status, headers and the body (decoded as JSON when it is)."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        """The body as JSON."""
+        import json
+
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"HttpReply({self.status}, {self.body[:200]!r})"
+
+
+def http_request(
+    method: str,
+    url: str,
+    payload: Any = None,
+    *,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 30,
+) -> HttpReply:
+    """One HTTP request (``payload`` sent as JSON, or ``body`` as it is); any status returns."""
+    import json
+    import urllib.error
+
+    if payload is not None:
+        body = json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    if body is not None and "Content-Type" not in request.headers:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return HttpReply(
+                resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+            )
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return HttpReply(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read())
+
+
+class AuthProcess:
+    """``python -m auth_service`` as a subprocess on a free port; keys and users in ``workdir``.
+
+    Its settings come from the keyword arguments (environment names, any case) over
+    paths inside ``workdir``; the caller's own auth settings are not passed on.
+    """
+
+    def __init__(self, workdir: Path, **settings: Any) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        keys = workdir / "keys"
+        self.private_path = keys / "jwt_private.pem"
+        self.public_path = keys / "jwt_public.pem"
+        self.keyring_path = keys / "jwt_keyring.json"
+        self.db_path = workdir / "auth.sqlite3"
+        self.settings = {k.upper(): str(v) for k, v in settings.items()}
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(_AUTH_PREFIXES)},
+            "AUTH_HOST": "127.0.0.1",
+            "AUTH_PORT": str(self.port),
+            "AUTH_DB": str(self.db_path),
+            "JWT_PRIVATE_KEY": str(self.private_path),
+            "JWT_PUBLIC_KEY": str(self.public_path),
+            "JWT_KEYRING": str(self.keyring_path),
+            "PYTHONPATH": str(ROOT),
+            **self.settings,
+        }
+        self.log_path = workdir / f"auth-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, path: str = "") -> str:
+        """The service's URL for ``path``."""
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def start(self, timeout_s: float = 30) -> AuthProcess:
+        """Start and wait until /healthz answers."""
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "auth_service"],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"auth service exited {self.proc.returncode}:\n{self.log()}")
+            with suppress(OSError):
+                urllib.request.urlopen(self.url("/healthz"), timeout=1)
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"auth service did not answer /healthz:\n{self.log()}")
+
+    def run(self, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run ``python -m auth_service ARGS`` to completion with the same settings."""
+        return subprocess.run(
+            [sys.executable, "-m", "auth_service", *args],
+            check=False,
+            cwd=self.workdir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+    def post(self, path: str, payload: Any = None, **kwargs: Any) -> HttpReply:
+        """POST ``payload`` as JSON (or ``body=`` bytes) to ``path``."""
+        return http_request("POST", self.url(path), payload, **kwargs)
+
+    def get(self, path: str) -> HttpReply:
+        """GET ``path``."""
+        return http_request("GET", self.url(path))
+
+    def register(self, username: str, password: str) -> HttpReply:
+        """POST /register."""
+        return self.post("/register", {"username": username, "password": password})
+
+    def login(self, username: str, password: str) -> HttpReply:
+        """POST /login."""
+        return self.post("/login", {"username": username, "password": password})
+
+    def token(self, username: str, password: str) -> str:
+        """Log in (which must succeed) and return the access token."""
+        reply = self.login(username, password)
+        if reply.status != 200:
+            raise RuntimeError(f"login of {username!r} failed: {reply!r}")
+        return str(reply.json()["access_token"])
+
+    def jwks(self) -> dict[str, Any]:
+        """The JWK set."""
+        return dict(self.get("/.well-known/jwks.json").json())
+
+    def log(self) -> str:
+        """Everything the service printed."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the service."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float = 20) -> int:
+        """Wait for the service to exit; its status."""
+        assert self.proc is not None
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL, and wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait (SIGKILL if it hangs); the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise

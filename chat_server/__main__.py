@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(settings: Settings, verifier: TokenVerifier) -> int:
+async def serve(settings: Settings, verifier: TokenVerifier, env_file: str | None = None) -> int:
     """Run the server until a stop signal, then drain in the contract's order."""
     codec = get_codec(settings.serializer)
     service = ChatService(settings, codec)
@@ -46,6 +46,18 @@ async def serve(settings: Settings, verifier: TokenVerifier) -> int:
     except StoreError as exc:
         print(f"chat_server: bad setting CHAT_DB={settings.chat_db!r}: {exc}", file=sys.stderr)
         return 2
+    # the inline login listens before /healthz answers, so a ready server is all ready
+    inline_login = None
+    if settings.regression == "auth_inline":
+        from chat_server.inline_auth import InlineLogin  # noqa: PLC0415 (imports argon2)
+
+        inline_login = InlineLogin(settings, env_file)
+        try:
+            await inline_login.start()
+        except (SettingError, OSError) as exc:
+            print(f"chat_server: REGRESSION=auth_inline: {exc}", file=sys.stderr)
+            await service.close()
+            return 2 if isinstance(exc, SettingError) else 1
     transport = WebsocketsTransport(settings, service, verifier, codec)
     try:
         await transport.start()
@@ -54,6 +66,8 @@ async def serve(settings: Settings, verifier: TokenVerifier) -> int:
             f"chat_server: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
             file=sys.stderr,
         )
+        if inline_login is not None:
+            await inline_login.stop()
         await service.close()
         return 1
     stop = asyncio.Event()
@@ -76,6 +90,8 @@ async def serve(settings: Settings, verifier: TokenVerifier) -> int:
     await stop.wait()
     log.info("stop signal: refusing sends, committing, then closing with 1001")
     transport.stop_accepting()
+    if inline_login is not None:
+        await inline_login.stop()
     await service.drain()
     # clients in mid-burst learn, through `unavailable`, which sends were not accepted
     await asyncio.sleep(settings.drain_grace_s)
@@ -110,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_cpus(settings.cpu_affinity)
     raise_open_files_limit(settings.max_connections)
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        return runner.run(serve(settings, verifier))
+        return runner.run(serve(settings, verifier, args.env_file))
 
 
 if __name__ == "__main__":

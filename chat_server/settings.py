@@ -351,7 +351,6 @@ SPECS: tuple[Spec, ...] = (
         "off",
         _choice(*REGRESSIONS),
         "one deliberate mistake for the lab (off in real use)",
-        not_built=lambda value: value == "auth_inline",
     ),
     Spec(
         "AUTH_INLINE_PORT",

@@ -60,7 +60,7 @@ BAD_VALUES = {
     "BROKER": "redis",  # not built yet
     "TRANSPORT": "picows",  # not built yet
     "PROFILE": "cprofile",  # not built yet
-    "REGRESSION": "auth_inline",  # not built yet
+    "REGRESSION": "commit-per-message",
     "CHAT_PORT": "70000",
     "MAX_FRAME_BYTES": "lots",
     "JWT_ALGORITHM": "HS256",
@@ -111,3 +111,16 @@ def test_help_lists_every_setting_with_its_default(tmp_path: Path):
     for spec in SPECS:
         assert spec.env in result.stdout
     assert "[default: orjson]" in result.stdout
+
+
+def test_auth_inline_without_the_auth_services_key_exits_2(tmp_path: Path, keys: KeyPair):
+    env = {
+        "JWT_PUBLIC_KEY": str(keys.public_path),
+        "REGRESSION": "auth_inline",
+        "CHAT_DB": str(tmp_path / "chat.sqlite3"),
+        "AUTH_DB": str(tmp_path / "auth.sqlite3"),
+        "JWT_PRIVATE_KEY": str(tmp_path / "missing.pem"),
+    }
+    result = _run(env, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "JWT_PRIVATE_KEY" in result.stderr.strip().splitlines()[-1]

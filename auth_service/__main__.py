@@ -1,0 +1,185 @@
+"""``python -m auth_service``: build Settings, then serve until SIGTERM/SIGINT; or rotate-key.
+
+Exit status: 0 after a graceful stop or a rotation, 2 for a bad setting (one line
+naming the variable, the value and what is allowed: also a private key whose mode
+is looser than 0600), 1 for any other failure at start (such as a port in use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from types import FrameType
+
+import uvicorn
+
+from auth_service.app import AuthAPI, Limits, create_app
+from auth_service.passwords import Argon2Params, PasswordPool
+from auth_service.settings import SettingError, Settings, settings_help
+from auth_service.tokens import (
+    RETIRED_KEY_LEEWAY_S,
+    KeyFiles,
+    Keyring,
+    TokenIssuer,
+    load_or_create_keys,
+    rotate_key,
+)
+from auth_service.users import UserStore
+from chat_server.runtime import loop_factory
+
+log = logging.getLogger("auth_service")
+
+#: seconds uvicorn waits for requests in progress after a stop signal
+GRACEFUL_SHUTDOWN_S = 10
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: everything else is a setting (see the epilog)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m auth_service",
+        description="chatlab's auth service: users, argon2id passwords, EdDSA JWTs "
+        "(contract: docs/protocol.md).",
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=("serve", "rotate-key"),
+        default="serve",
+        help="serve (default), or rotate-key: make a new signing key, keep serving the old "
+        "public key in the JWK set until its tokens have expired",
+    )
+    parser.add_argument("--env-file", default=".env", help="settings file (default: .env)")
+    return parser.parse_args(argv)
+
+
+class _StopSignals:
+    """SIGTERM/SIGINT stop the server gracefully, whenever they come.
+
+    uvicorn handles both while it serves; these handlers cover the time before
+    (while the pool starts) and after (uvicorn raises the signal again on return,
+    into the handler it found, which is this one), so a stop is always exit 0.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: uvicorn.Server | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def attach(self, server: uvicorn.Server) -> None:
+        self.server = server
+        server.should_exit = self.requested
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+async def serve(settings: Settings, keyring: Keyring) -> int:
+    """Open the users, start the hashing pool, serve until a stop signal, then close."""
+    stop = _StopSignals()
+    try:
+        users = await UserStore.open(settings.auth_db)
+    except SettingError as exc:
+        print(f"auth_service: {exc}", file=sys.stderr)
+        return 2
+    params = Argon2Params(
+        settings.argon2_time_cost, settings.argon2_memory_cost_kib, settings.argon2_parallelism
+    )
+    passwords = PasswordPool(params, settings.hash_pool_size, settings.hash_queue_max)
+    try:
+        await passwords.start()
+        tokens = TokenIssuer(
+            KeyFiles.from_settings(settings),
+            keyring,
+            issuer=settings.jwt_issuer,
+            audience=settings.jwt_audience,
+            ttl_s=settings.token_ttl_s,
+        )
+        api = AuthAPI(passwords, users, tokens, Limits.from_settings(settings))
+        config = uvicorn.Config(
+            create_app(api),
+            host=settings.host,
+            port=settings.port,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            # the peer's address is the client: X-Forwarded-For would let anyone
+            # choose the address the per-client rate limits count against
+            proxy_headers=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        server = uvicorn.Server(config)
+        stop.attach(server)
+        log.info(
+            "auth_service on http://%s:%d %s kid=%s",
+            settings.host,
+            settings.port,
+            settings.summary(),
+            keyring.kid,
+        )
+        await server.serve()
+    finally:
+        await passwords.close()
+        await users.close()
+    log.info("auth_service stopped")
+    return 0
+
+
+def rotate(settings: Settings) -> int:
+    """``rotate-key``: a new signing key; say what the chat server needs to follow it."""
+    files = KeyFiles.from_settings(settings)
+    try:
+        keyring, old_kid = rotate_key(files, settings.token_ttl_s)
+    except SettingError as exc:
+        print(f"auth_service: {exc}", file=sys.stderr)
+        return 2
+    kept_s = settings.token_ttl_s + RETIRED_KEY_LEEWAY_S
+    jwks_url = f"http://{settings.host}:{settings.port}/.well-known/jwks.json"
+    print(
+        f"new signing key {keyring.kid} in {files.private_key} (mode 0600) and "
+        f"{files.public_key}; the old key {old_kid} stays in the JWK set for {kept_s} s, "
+        f"until its last tokens have expired (keyring: {files.keyring})"
+    )
+    print("a running auth service signs with the new key within a second")
+    print(
+        f"the chat server must take its keys from JWT_JWKS_URL={jwks_url} to accept "
+        "tokens of both keys; with only JWT_PUBLIC_KEY it keeps trusting the old key only "
+        "(the one it loaded at start) until it restarts, and then the new key only"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        settings = Settings.load(dotenv_path=args.env_file)
+    except SettingError as exc:
+        print(f"auth_service: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "rotate-key":
+        return rotate(settings)
+    try:
+        keyring = load_or_create_keys(KeyFiles.from_settings(settings), settings.token_ttl_s)
+    except SettingError as exc:
+        print(f"auth_service: {exc}", file=sys.stderr)
+        return 2
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        return runner.run(serve(settings, keyring))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The HTTP API (contract: ``docs/protocol.md``, "Auth service") as a Starlette app.
+
+Why Starlette on uvicorn: it is ASGI, so the same app runs under any ASGI server;
+it is a handful of small modules (routing, requests, responses) of the kind our
+STYLE holds up, with no ORM or settings system to fight; and uvicorn's
+:class:`~uvicorn.Server` runs inside an event loop we create (``EVENT_LOOP``), so a
+second listener can share that loop later. Neither we nor this module parse HTTP:
+uvicorn (h11) does.
+
+Guarantees: every error body is ``{"error": code, "detail": text}`` (404 and 405
+too); a body over :data:`MAX_BODY_BYTES` is refused with 413 before it is read in
+full; password work happens only in :class:`~auth_service.passwords.PasswordPool`
+and SQLite work only in :class:`~auth_service.users.UserStore`, never on the loop;
+an unknown username and a wrong password get the same 401 body after the same
+amount of hashing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from auth_service.errors import (
+    AuthError,
+    BadRequest,
+    InvalidCredentials,
+    RateLimited,
+    TooLarge,
+    Unavailable,
+    UsernameTaken,
+)
+from auth_service.passwords import InlinePasswords, PasswordPool
+from auth_service.ratelimit import TokenBuckets
+from auth_service.settings import Settings
+from auth_service.tokens import TokenIssuer
+from auth_service.users import UserStore, username_key
+
+log = logging.getLogger("auth_service.app")
+
+#: the largest request body accepted (the contract's 4 KiB)
+MAX_BODY_BYTES: Final = 4096
+USERNAME_RULE: Final = re.compile(r"[A-Za-z0-9_.-]{3,32}")
+PASSWORD_MIN_CHARS: Final = 8
+PASSWORD_MAX_CHARS: Final = 256
+_INVALID_CREDENTIALS: Final = "unknown username or wrong password"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The service's rate limits: failed logins per username, attempts per client address."""
+
+    failed_logins_per_user: TokenBuckets
+    logins_per_client: TokenBuckets
+    registrations_per_client: TokenBuckets
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        """The limits with the settings' rates and bursts."""
+        keys_max = settings.rate_limit_keys_max
+        return cls(
+            TokenBuckets(
+                settings.login_rate_per_user_per_min, settings.login_burst_per_user, keys_max
+            ),
+            TokenBuckets(
+                settings.login_rate_per_client_per_min, settings.login_burst_per_client, keys_max
+            ),
+            TokenBuckets(
+                settings.register_rate_per_client_per_min,
+                settings.register_burst_per_client,
+                keys_max,
+            ),
+        )
+
+
+def check_username(username: str) -> None:
+    """Raise :class:`BadRequest` unless ``username`` is 3-32 of ``A-Za-z0-9_.-``."""
+    if not USERNAME_RULE.fullmatch(username):
+        raise BadRequest("username: 3 to 32 characters of A-Z a-z 0-9 _ . -")
+
+
+def check_password(password: str) -> None:
+    """Raise :class:`BadRequest` unless ``password`` is 8-256 characters."""
+    if not PASSWORD_MIN_CHARS <= len(password) <= PASSWORD_MAX_CHARS:
+        raise BadRequest(f"password: {PASSWORD_MIN_CHARS} to {PASSWORD_MAX_CHARS} characters")
+
+
+class AuthAPI:
+    """The endpoints, bound to the service's pool, user store, token issuer and limits."""
+
+    def __init__(
+        self,
+        passwords: PasswordPool | InlinePasswords,
+        users: UserStore,
+        tokens: TokenIssuer,
+        limits: Limits,
+    ) -> None:
+        self.passwords = passwords
+        self.users = users
+        self.tokens = tokens
+        self.limits = limits
+
+    async def register(self, request: Request) -> JSONResponse:
+        """``POST /register``: 201 ``{"username"}`` once the user is committed."""
+        _draw(self.limits.registrations_per_client, _client(request), "registrations")
+        username, password = await _credentials(request)
+        check_username(username)
+        check_password(password)
+        if await self.users.get(username) is not None:
+            raise UsernameTaken(f"the username {username!r} is taken")
+        password_hash = await self.passwords.hash(password)
+        await self.users.add(username, password_hash)
+        return JSONResponse({"username": username}, status_code=201)
+
+    async def login(self, request: Request) -> JSONResponse:
+        """``POST /login``: 200 with a Bearer token, or 401 with one body for every failure."""
+        _draw(self.limits.logins_per_client, _client(request), "logins")
+        username, password = await _credentials(request)
+        try:
+            check_username(username)
+            check_password(password)
+        except BadRequest:
+            # no such user can exist: nothing to hash
+            raise InvalidCredentials(_INVALID_CREDENTIALS) from None
+        key = username_key(username)
+        # the token is taken up front so that concurrent guesses cannot pass the burst;
+        # it is given back when the attempt turns out not to be a failed login
+        _draw(self.limits.failed_logins_per_user, key, "failed logins for this username")
+        try:
+            user = await self.users.get(username)
+            verdict = await self.passwords.verify(
+                None if user is None else user.password_hash, password
+            )
+        except Unavailable:
+            self.limits.failed_logins_per_user.refund(key, time.monotonic())
+            raise
+        if user is None or not verdict.ok:
+            raise InvalidCredentials(_INVALID_CREDENTIALS)
+        self.limits.failed_logins_per_user.refund(key, time.monotonic())
+        if verdict.needs_rehash:
+            await self._rehash(user.username, password)
+        return JSONResponse(
+            {
+                "access_token": self.tokens.issue(user.username),
+                "token_type": "Bearer",
+                "expires_in": self.tokens.ttl_s,
+            }
+        )
+
+    async def jwks(self, request: Request) -> JSONResponse:
+        """``GET /.well-known/jwks.json``: every public key a live token may carry."""
+        return JSONResponse(self.tokens.jwks())
+
+    async def healthz(self, request: Request) -> JSONResponse:
+        """``GET /healthz``: 200 while the service is serving."""
+        return JSONResponse({"status": "ok"})
+
+    async def _rehash(self, username: str, password: str) -> None:
+        """Store a hash with the current parameters; skipped (till next login) when saturated."""
+        try:
+            password_hash = await self.passwords.hash(password)
+        except Unavailable:
+            log.info("hash of %r not upgraded: hashing is saturated; next login will", username)
+            return
+        await self.users.set_password_hash(username, password_hash)
+        log.info("hash of %r upgraded to the current argon2 parameters", username)
+
+
+def create_app(api: AuthAPI) -> Starlette:
+    """The Starlette application serving ``api`` with the contract's error bodies."""
+    routes = [
+        Route("/register", api.register, methods=["POST"]),
+        Route("/login", api.login, methods=["POST"]),
+        Route("/.well-known/jwks.json", api.jwks, methods=["GET"]),
+        Route("/healthz", api.healthz, methods=["GET"]),
+    ]
+    handlers: dict[Any, Any] = {
+        AuthError: _auth_error,
+        HTTPException: _http_error,
+        Exception: _internal_error,
+    }
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def _client(request: Request) -> str:
+    """The client's address (the peer's: forwarded headers are not trusted)."""
+    return request.client.host if request.client is not None else "unknown"
+
+
+def _draw(buckets: TokenBuckets, key: str, what: str) -> None:
+    wait_s = buckets.take(key, time.monotonic())
+    if wait_s > 0:
+        raise RateLimited(f"too many {what}; retry later", wait_s)
+
+
+async def _credentials(request: Request) -> tuple[str, str]:
+    """The body's ``username`` and ``password`` strings, or BadRequest / TooLarge."""
+    body = await _read_body(request)
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise BadRequest("the body is not JSON (UTF-8)") from None
+    if not isinstance(document, dict):
+        raise BadRequest('the body must be a JSON object {"username", "password"}')
+    username, password = document.get("username"), document.get("password")
+    if not isinstance(username, str) or not isinstance(password, str):
+        raise BadRequest('"username" and "password" must both be strings')
+    return username, password
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request body, refused with TooLarge as soon as it passes MAX_BODY_BYTES."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise TooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise TooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+    return bytes(body)
+
+
+def _error(status: int, code: str, detail: str, headers: dict[str, str] | None) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+async def _auth_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AuthError)
+    return _error(exc.status, exc.code, exc.detail, exc.headers())
+
+
+_HTTP_CODES: Final = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+}
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        detail = f"no such path: {request.url.path}"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        detail = f"{request.method} is not allowed on {request.url.path} (allowed: {allowed})"
+    else:
+        detail = exc.detail
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return _error(exc.status_code, code, detail, dict(exc.headers or {}))
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette re-raises after this answer, and uvicorn logs the traceback
+    return _error(500, "internal", "the service failed", None)

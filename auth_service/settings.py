@@ -1,0 +1,264 @@
+"""Settings: every toggle of the auth service, read once from ``.env`` and the environment.
+
+The same rules as the chat server's (:mod:`chat_server.settings`, whose parsers and
+:class:`~chat_server.settings.SettingError` this module reuses): ``.env`` from the
+working directory, the environment wins, every value is validated once at start, and
+a bad one raises :class:`SettingError`, which ``python -m auth_service`` turns into one
+line naming the variable, the value and what is allowed, and exit status 2.
+Settings the two services share (``JWT_PUBLIC_KEY``, ``JWT_ISSUER``, ``JWT_AUDIENCE``,
+``EVENT_LOOP``, ``LOG_LEVEL``) have the same names, so one ``.env`` serves both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import argon2
+from dotenv import dotenv_values
+
+from chat_server.settings import SettingError, Spec, _choice, _float, _int, _text
+
+__all__ = ["SPECS", "SettingError", "Settings", "settings_help"]
+
+# argon2-cffi's own defaults (RFC 9106's low-memory profile: t=3, m=64 MiB, p=4)
+_ARGON2_DEFAULTS = argon2.PasswordHasher()
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on (``os.sched_getaffinity``, not the machine's)."""
+    return len(os.sched_getaffinity(0))
+
+
+def _pool_size(raw: str) -> int:
+    value = raw.strip().lower()
+    if value == "auto":
+        return max(1, usable_cores() - 1)
+    try:
+        return _int(1, 256)(value)
+    except ValueError:
+        raise ValueError("allowed: auto (usable cores - 1, at least 1) or 1 to 256") from None
+
+
+def _rate(raw: str) -> float:
+    try:
+        return _float(0)(raw)
+    except ValueError:
+        raise ValueError("allowed: a number >= 0 (0: no limit)") from None
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("AUTH_HOST", "host", "127.0.0.1", _text, "address the auth service listens on"),
+    Spec("AUTH_PORT", "port", "8001", _int(1, 65535), "port of the HTTP API"),
+    Spec("AUTH_DB", "auth_db", "data/auth.sqlite3", _text, "SQLite file holding the users"),
+    Spec(
+        "JWT_PRIVATE_KEY",
+        "jwt_private_key",
+        "keys/jwt_private.pem",
+        _text,
+        "Ed25519 signing key (PEM, mode 0600); created on first start",
+    ),
+    Spec(
+        "JWT_PUBLIC_KEY",
+        "jwt_public_key",
+        "keys/jwt_public.pem",
+        _text,
+        "the signing key's public PEM, written for the chat server",
+    ),
+    Spec(
+        "JWT_KEYRING",
+        "jwt_keyring",
+        "keys/jwt_keyring.json",
+        _text,
+        "every public key still served in the JWK set (rotate-key adds to it)",
+    ),
+    Spec("JWT_ISSUER", "jwt_issuer", "chatlab-auth", _text, "iss of every token"),
+    Spec("JWT_AUDIENCE", "jwt_audience", "chatlab-chat", _text, "aud of every token"),
+    Spec("TOKEN_TTL_S", "token_ttl_s", "900", _int(1, 604800), "token lifetime in seconds"),
+    Spec(
+        "ARGON2_TIME_COST",
+        "argon2_time_cost",
+        str(_ARGON2_DEFAULTS.time_cost),
+        _int(1, 100),
+        "argon2id passes (argon2-cffi's default)",
+    ),
+    Spec(
+        "ARGON2_MEMORY_COST_KIB",
+        "argon2_memory_cost_kib",
+        str(_ARGON2_DEFAULTS.memory_cost),
+        _int(8, 4 * 1024 * 1024),
+        "argon2id memory per hash in KiB (argon2-cffi's default)",
+    ),
+    Spec(
+        "ARGON2_PARALLELISM",
+        "argon2_parallelism",
+        str(_ARGON2_DEFAULTS.parallelism),
+        _int(1, 64),
+        "argon2id lanes (argon2-cffi's default)",
+    ),
+    Spec(
+        "HASH_POOL_SIZE",
+        "hash_pool_size",
+        "auto",
+        _pool_size,
+        "processes hashing passwords (auto: usable cores - 1, at least 1)",
+    ),
+    Spec(
+        "HASH_QUEUE_MAX",
+        "hash_queue_max",
+        "16",
+        _int(1, 100000),
+        "hashing jobs waiting or running; past it 503 with Retry-After",
+    ),
+    Spec(
+        "LOGIN_RATE_PER_USER_PER_MIN",
+        "login_rate_per_user_per_min",
+        "10",
+        _rate,
+        "failed logins per username per minute (0: no limit)",
+    ),
+    Spec(
+        "LOGIN_BURST_PER_USER",
+        "login_burst_per_user",
+        "5",
+        _int(1),
+        "failed logins one username may make at once",
+    ),
+    Spec(
+        "LOGIN_RATE_PER_CLIENT_PER_MIN",
+        "login_rate_per_client_per_min",
+        "60",
+        _rate,
+        "logins per client address per minute (0: no limit)",
+    ),
+    Spec(
+        "LOGIN_BURST_PER_CLIENT",
+        "login_burst_per_client",
+        "20",
+        _int(1),
+        "logins one client address may make at once",
+    ),
+    Spec(
+        "REGISTER_RATE_PER_CLIENT_PER_MIN",
+        "register_rate_per_client_per_min",
+        "10",
+        _rate,
+        "registrations per client address per minute (0: no limit)",
+    ),
+    Spec(
+        "REGISTER_BURST_PER_CLIENT",
+        "register_burst_per_client",
+        "10",
+        _int(1),
+        "registrations one client address may make at once",
+    ),
+    Spec(
+        "RATE_LIMIT_KEYS_MAX",
+        "rate_limit_keys_max",
+        "100000",
+        _int(1),
+        "usernames or addresses tracked per limit; past it the least recent is forgotten",
+    ),
+    Spec(
+        "EVENT_LOOP",
+        "event_loop",
+        "uvloop",
+        _choice("asyncio", "uvloop"),
+        "event loop implementation",
+    ),
+    Spec(
+        "LOG_LEVEL",
+        "log_level",
+        "info",
+        _choice("debug", "info", "warning", "error"),
+        "logging level",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every auth service setting, validated. Build it with :meth:`load`."""
+
+    host: str
+    port: int
+    auth_db: str
+    jwt_private_key: str
+    jwt_public_key: str
+    jwt_keyring: str
+    jwt_issuer: str
+    jwt_audience: str
+    token_ttl_s: int
+    argon2_time_cost: int
+    argon2_memory_cost_kib: int
+    argon2_parallelism: int
+    hash_pool_size: int
+    hash_queue_max: int
+    login_rate_per_user_per_min: float
+    login_burst_per_user: int
+    login_rate_per_client_per_min: float
+    login_burst_per_client: int
+    register_rate_per_client_per_min: float
+    register_burst_per_client: int
+    rate_limit_keys_max: int
+    event_loop: str
+    log_level: str
+
+    @classmethod
+    def load(
+        cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
+    ) -> Settings:
+        """Read ``.env`` then the environment (which wins), validate every value, or raise."""
+        merged: dict[str, str] = {}
+        if dotenv_path is not None and Path(dotenv_path).is_file():
+            merged.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
+        merged.update(os.environ if environ is None else environ)
+        return cls.from_mapping(merged)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, str]) -> Settings:
+        """Validate settings given by environment name; missing names take their defaults."""
+        settings = cls(**_parse(SPECS, values))
+        settings._check_combinations()
+        return settings
+
+    def _check_combinations(self) -> None:
+        # argon2 needs at least 8 KiB per lane
+        if self.argon2_memory_cost_kib < 8 * self.argon2_parallelism:
+            raise SettingError(
+                "ARGON2_MEMORY_COST_KIB",
+                str(self.argon2_memory_cost_kib),
+                f"at least 8 x ARGON2_PARALLELISM = {8 * self.argon2_parallelism}",
+            )
+
+    def summary(self) -> str:
+        """One line naming the cost and capacity settings in force, for the start-up log."""
+        return (
+            f"argon2id t={self.argon2_time_cost} m={self.argon2_memory_cost_kib}KiB "
+            f"p={self.argon2_parallelism} pool={self.hash_pool_size} "
+            f"queue_max={self.hash_queue_max} loop={self.event_loop} "
+            f"token_ttl_s={self.token_ttl_s} db=sqlite:{self.auth_db}"
+        )
+
+
+def _parse(specs: tuple[Spec, ...], values: Mapping[str, str]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for spec in specs:
+        raw = values.get(spec.env, spec.default)
+        try:
+            parsed[spec.field] = spec.parse(raw)
+        except ValueError as exc:
+            raise SettingError(spec.env, raw, str(exc)) from None
+    return parsed
+
+
+def settings_help() -> str:
+    """The ``--help`` epilog: every setting with its default and what it does."""
+    width = max(len(spec.env) for spec in SPECS)
+    lines = ["settings (environment variables; .env in the working directory; env wins):"]
+    for spec in SPECS:
+        lines.append(f"  {spec.env:<{width}}  {spec.help} [default: {spec.default}]")
+    return "\n".join(lines)

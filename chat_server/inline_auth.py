@@ -1,0 +1,104 @@
+"""REGRESSION=auth_inline: the chat server also serves ``POST /login``, hashing on its own loop.
+
+The deliberate mistake the lab measures (the seed report's starting point): a
+second listener on ``AUTH_INLINE_PORT`` in the chat server's process and event
+loop, verifying passwords with argon2 inline against the auth service's user
+database and signing tokens with the auth service's key, so every login stalls
+every chat connection for the length of an argon2 verification. Users are
+registered through the auth service first; its settings (``AUTH_DB``,
+``JWT_PRIVATE_KEY``, argon2 parameters, rate limits) are read from the same
+``.env`` and environment. This module, and with it argon2, is imported only in
+this mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import uvicorn
+
+from auth_service.app import AuthAPI, Limits, create_app
+from auth_service.passwords import Argon2Params, InlinePasswords
+from auth_service.settings import Settings as AuthSettings
+from auth_service.tokens import KeyFiles, TokenIssuer, read_keys
+from auth_service.users import UserStore
+from chat_server.settings import Settings
+
+log = logging.getLogger("chat_server.inline_auth")
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn sharing the chat server's loop: the chat server owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class InlineLogin:
+    """The second listener; :meth:`start` it on the running loop, :meth:`stop` it at shutdown."""
+
+    def __init__(self, settings: Settings, env_file: str | None) -> None:
+        self.settings = settings
+        self.env_file = env_file
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._users: UserStore | None = None
+
+    async def start(self) -> None:
+        """Open the auth service's users and keys, then listen.
+
+        Raises SettingError (naming the auth setting) when they are not there, and
+        OSError when the port cannot be bound.
+        """
+        auth = AuthSettings.load(dotenv_path=self.env_file)
+        keyring = read_keys(KeyFiles.from_settings(auth))  # written by the auth service
+        self._users = await UserStore.open(auth.auth_db)
+        passwords = InlinePasswords(
+            Argon2Params(
+                auth.argon2_time_cost, auth.argon2_memory_cost_kib, auth.argon2_parallelism
+            )
+        )
+        await passwords.start()
+        tokens = TokenIssuer(
+            KeyFiles.from_settings(auth),
+            keyring,
+            issuer=auth.jwt_issuer,
+            audience=auth.jwt_audience,
+            ttl_s=auth.token_ttl_s,
+        )
+        api = AuthAPI(passwords, self._users, tokens, Limits.from_settings(auth))
+        config = uvicorn.Config(
+            create_app(api),
+            host=self.settings.host,
+            port=self.settings.auth_inline_port,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+        )
+        self._server = _EmbeddedServer(config)
+        self._task = asyncio.ensure_future(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise OSError(f"cannot listen on port {self.settings.auth_inline_port}")
+            await asyncio.sleep(0.01)
+        log.warning(
+            "REGRESSION=auth_inline: POST /login on http://%s:%d hashes with argon2 on the "
+            "chat server's event loop",
+            self.settings.host,
+            self.settings.auth_inline_port,
+        )
+
+    async def stop(self) -> None:
+        """Stop listening and close the user database."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task
+        if self._users is not None:
+            await self._users.close()

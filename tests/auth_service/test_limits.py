@@ -1,0 +1,75 @@
+"""Rate limits (429) and hashing saturation (503), each with Retry-After."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from threading import Barrier
+
+from bench.harness import AuthProcess, HttpReply
+
+PASSWORD = "correct horse"
+
+
+def _assert_retry_later(reply: HttpReply, status: int, code: str) -> int:
+    assert reply.status == status, reply
+    assert reply.json()["error"] == code
+    retry_after = reply.headers["retry-after"]
+    assert retry_after.isdigit() and int(retry_after) >= 1
+    return int(retry_after)
+
+
+def test_failed_logins_per_username_are_limited(start_auth: Callable[..., AuthProcess]):
+    auth = start_auth(login_rate_per_user_per_min=1, login_burst_per_user=2)
+    assert auth.register("mallory_target", PASSWORD).status == 201
+    assert [auth.login("mallory_target", f"guess {i}!").status for i in range(2)] == [401, 401]
+    # the username is locked for about a minute, whatever the case and the password
+    assert _assert_retry_later(auth.login("Mallory_Target", "guess 3!"), 429, "rate_limited") >= 1
+    assert auth.login("mallory_target", PASSWORD).status == 429
+    # other usernames are not affected, successful logins do not count
+    assert auth.register("bystander", PASSWORD).status == 201
+    assert [auth.login("bystander", PASSWORD).status for _ in range(4)] == [200] * 4
+    # unknown usernames are limited the same way
+    assert [auth.login("nobody_here", PASSWORD).status for _ in range(3)] == [401, 401, 429]
+
+
+def test_logins_and_registrations_per_client_are_limited(start_auth: Callable[..., AuthProcess]):
+    auth = start_auth(
+        login_rate_per_client_per_min=1,
+        login_burst_per_client=3,
+        register_rate_per_client_per_min=1,
+        register_burst_per_client=2,
+    )
+    assert [auth.register(f"client_{i}", PASSWORD).status for i in range(2)] == [201, 201]
+    _assert_retry_later(auth.register("client_2", PASSWORD), 429, "rate_limited")
+    assert [auth.login(f"client_{i % 2}", PASSWORD).status for i in range(3)] == [200] * 3
+    retry_after = _assert_retry_later(auth.login("client_0", PASSWORD), 429, "rate_limited")
+    assert retry_after <= 60
+
+
+def test_saturated_hashing_answers_503_with_retry_after(start_auth: Callable[..., AuthProcess]):
+    # hashes of ~0.25 s so that concurrent logins overlap
+    auth = start_auth(
+        hash_pool_size=1,
+        hash_queue_max=1,
+        argon2_time_cost=2,
+        argon2_memory_cost_kib=65536,
+        login_rate_per_user_per_min=0,
+    )
+    assert auth.register("busy_user", PASSWORD).status == 201
+    start = Barrier(8)
+
+    def login(_: int) -> HttpReply:
+        start.wait()
+        return auth.login("busy_user", PASSWORD)
+
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(login, range(8)))
+    statuses = sorted(reply.status for reply in replies)
+    assert 200 in statuses and 503 in statuses, statuses
+    assert set(statuses) == {200, 503}, statuses
+    for reply in replies:
+        if reply.status == 503:
+            _assert_retry_later(reply, 503, "unavailable")
+    # once the burst is over, the service answers again
+    assert auth.login("busy_user", PASSWORD).status == 200
