@@ -1,7 +1,7 @@
 # chatlab: `make demo` runs the main job, `make test` the tests; both set up first.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint format bench proto memory clean
+.PHONY: setup demo test lint format bench proto memory auth-bench clean
 
 setup:
 	@scripts/setup.sh
@@ -29,6 +29,10 @@ bench: setup
 # chat server memory per idle connection, deflate off and on
 memory: setup
 	$(PY) -m bench.memory
+
+# logins/s with the hashing pool vs argon2 inline on the event loop, and the loop's lateness
+auth-bench: setup
+	$(PY) -m bench.auth_login
 
 # regenerate chat_server/codecs/chat_pb2.py from proto/chat.proto (grpcio-tools is pinned)
 proto: setup

@@ -1,0 +1,65 @@
+"""The benchmark commands run end to end in a quick mode and report real figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.harness import ROOT
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_codecs_bench_reports_every_codec(tmp_path: Path):
+    out = tmp_path / "codecs.json"
+    result = _run("bench.codecs", "--repeat", "1", "--number", "200", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())
+    rows = rows["results"] if isinstance(rows, dict) else rows
+    assert {(r["frame"], r["codec"]) for r in rows} == {
+        (frame, codec) for frame in ("message", "send") for codec in ("json", "orjson", "protobuf")
+    }
+    assert all(r["bare_ns"] > 0 and r["codec_ns"] > 0 and r["frame_bytes"] > 0 for r in rows)
+
+
+def test_memory_bench_measures_both_deflate_settings(tmp_path: Path):
+    out = tmp_path / "memory.json"
+    result = _run("bench.memory", "--connections", "50", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())
+    assert [r["deflate"] for r in rows] == ["off", "on"]
+    assert all(r["rss_after_bytes"] > 0 for r in rows)
+
+
+def test_auth_login_bench_compares_pool_and_inline(tmp_path: Path):
+    out = tmp_path / "auth.json"
+    result = _run(
+        "bench.auth_login",
+        "--duration-s",
+        "1",
+        "--concurrency",
+        "2",
+        "--time-cost",
+        "1",
+        "--memory-cost-kib",
+        "8192",
+        "--parallelism",
+        "1",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {r["mode"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"pool", "inline"}
+    assert rows["pool"]["logins"] > 0 and rows["inline"]["logins"] > 0
