@@ -16,14 +16,13 @@ from types import FrameType
 
 import uvicorn
 
-from auth_service.app import AuthAPI, Limits, create_app
+from auth_service.app import build_api, create_app
 from auth_service.passwords import Argon2Params, PasswordPool
 from auth_service.settings import SettingError, Settings, settings_help
 from auth_service.tokens import (
     RETIRED_KEY_LEEWAY_S,
     KeyFiles,
     Keyring,
-    TokenIssuer,
     load_or_create_keys,
     rotate_key,
 )
@@ -89,20 +88,11 @@ async def serve(settings: Settings, keyring: Keyring) -> int:
     except SettingError as exc:
         print(f"auth_service: {exc}", file=sys.stderr)
         return 2
-    params = Argon2Params(
-        settings.argon2_time_cost, settings.argon2_memory_cost_kib, settings.argon2_parallelism
-    )
+    params = Argon2Params.from_settings(settings)
     passwords = PasswordPool(params, settings.hash_pool_size, settings.hash_queue_max)
     try:
         await passwords.start()
-        tokens = TokenIssuer(
-            KeyFiles.from_settings(settings),
-            keyring,
-            issuer=settings.jwt_issuer,
-            audience=settings.jwt_audience,
-            ttl_s=settings.token_ttl_s,
-        )
-        api = AuthAPI(passwords, users, tokens, Limits.from_settings(settings))
+        api = build_api(settings, passwords, users, keyring)
         config = uvicorn.Config(
             create_app(api),
             host=settings.host,

@@ -42,7 +42,7 @@ from auth_service.errors import (
 from auth_service.passwords import InlinePasswords, PasswordPool
 from auth_service.ratelimit import TokenBuckets
 from auth_service.settings import Settings
-from auth_service.tokens import TokenIssuer
+from auth_service.tokens import KeyFiles, Keyring, TokenIssuer
 from auth_service.users import UserStore, username_key
 
 log = logging.getLogger("auth_service.app")
@@ -173,6 +173,23 @@ class AuthAPI:
             return
         await self.users.set_password_hash(username, password_hash)
         log.info("hash of %r upgraded to the current argon2 parameters", username)
+
+
+def build_api(
+    settings: Settings,
+    passwords: PasswordPool | InlinePasswords,
+    users: UserStore,
+    keyring: Keyring,
+) -> AuthAPI:
+    """The API over ``users`` and ``keyring``, with the settings' token claims and limits."""
+    tokens = TokenIssuer(
+        KeyFiles.from_settings(settings),
+        keyring,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        ttl_s=settings.token_ttl_s,
+    )
+    return AuthAPI(passwords, users, tokens, Limits.from_settings(settings))
 
 
 def create_app(api: AuthAPI) -> Starlette:

@@ -49,6 +49,13 @@ class Argon2Params:
     memory_cost_kib: int
     parallelism: int
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> Argon2Params:
+        """The ``ARGON2_*`` settings of the auth service."""
+        return cls(
+            settings.argon2_time_cost, settings.argon2_memory_cost_kib, settings.argon2_parallelism
+        )
+
     def hasher(self) -> argon2.PasswordHasher:
         """A PasswordHasher with these parameters (argon2-cffi's defaults for the rest)."""
         return argon2.PasswordHasher(

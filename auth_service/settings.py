@@ -15,12 +15,20 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import argon2
-from dotenv import dotenv_values
 
-from chat_server.settings import SettingError, Spec, _choice, _float, _int, _text
+from chat_server.settings import (
+    SettingError,
+    Spec,
+    choice,
+    integer,
+    number,
+    parse_specs,
+    read_environment,
+    specs_help,
+    text,
+)
 
 __all__ = ["SPECS", "SettingError", "Settings", "settings_help"]
 
@@ -38,65 +46,65 @@ def _pool_size(raw: str) -> int:
     if value == "auto":
         return max(1, usable_cores() - 1)
     try:
-        return _int(1, 256)(value)
+        return integer(1, 256)(value)
     except ValueError:
         raise ValueError("allowed: auto (usable cores - 1, at least 1) or 1 to 256") from None
 
 
 def _rate(raw: str) -> float:
     try:
-        return _float(0)(raw)
+        return number(0)(raw)
     except ValueError:
         raise ValueError("allowed: a number >= 0 (0: no limit)") from None
 
 
 SPECS: tuple[Spec, ...] = (
-    Spec("AUTH_HOST", "host", "127.0.0.1", _text, "address the auth service listens on"),
-    Spec("AUTH_PORT", "port", "8001", _int(1, 65535), "port of the HTTP API"),
-    Spec("AUTH_DB", "auth_db", "data/auth.sqlite3", _text, "SQLite file holding the users"),
+    Spec("AUTH_HOST", "host", "127.0.0.1", text, "address the auth service listens on"),
+    Spec("AUTH_PORT", "port", "8001", integer(1, 65535), "port of the HTTP API"),
+    Spec("AUTH_DB", "auth_db", "data/auth.sqlite3", text, "SQLite file holding the users"),
     Spec(
         "JWT_PRIVATE_KEY",
         "jwt_private_key",
         "keys/jwt_private.pem",
-        _text,
+        text,
         "Ed25519 signing key (PEM, mode 0600); created on first start",
     ),
     Spec(
         "JWT_PUBLIC_KEY",
         "jwt_public_key",
         "keys/jwt_public.pem",
-        _text,
+        text,
         "the signing key's public PEM, written for the chat server",
     ),
     Spec(
         "JWT_KEYRING",
         "jwt_keyring",
         "keys/jwt_keyring.json",
-        _text,
+        text,
         "every public key still served in the JWK set (rotate-key adds to it)",
     ),
-    Spec("JWT_ISSUER", "jwt_issuer", "chatlab-auth", _text, "iss of every token"),
-    Spec("JWT_AUDIENCE", "jwt_audience", "chatlab-chat", _text, "aud of every token"),
-    Spec("TOKEN_TTL_S", "token_ttl_s", "900", _int(1, 604800), "token lifetime in seconds"),
+    Spec("JWT_ISSUER", "jwt_issuer", "chatlab-auth", text, "iss of every token"),
+    Spec("JWT_AUDIENCE", "jwt_audience", "chatlab-chat", text, "aud of every token"),
+    Spec("TOKEN_TTL_S", "token_ttl_s", "900", integer(1, 604800), "token lifetime in seconds"),
     Spec(
         "ARGON2_TIME_COST",
         "argon2_time_cost",
         str(_ARGON2_DEFAULTS.time_cost),
-        _int(1, 100),
+        integer(1, 100),
         "argon2id passes (argon2-cffi's default)",
     ),
     Spec(
         "ARGON2_MEMORY_COST_KIB",
         "argon2_memory_cost_kib",
         str(_ARGON2_DEFAULTS.memory_cost),
-        _int(8, 4 * 1024 * 1024),
+        integer(8, 4 * 1024 * 1024),
         "argon2id memory per hash in KiB (argon2-cffi's default)",
     ),
     Spec(
         "ARGON2_PARALLELISM",
         "argon2_parallelism",
         str(_ARGON2_DEFAULTS.parallelism),
-        _int(1, 64),
+        integer(1, 64),
         "argon2id lanes (argon2-cffi's default)",
     ),
     Spec(
@@ -110,7 +118,7 @@ SPECS: tuple[Spec, ...] = (
         "HASH_QUEUE_MAX",
         "hash_queue_max",
         "16",
-        _int(1, 100000),
+        integer(1, 100000),
         "hashing jobs waiting or running; past it 503 with Retry-After",
     ),
     Spec(
@@ -124,7 +132,7 @@ SPECS: tuple[Spec, ...] = (
         "LOGIN_BURST_PER_USER",
         "login_burst_per_user",
         "5",
-        _int(1),
+        integer(1),
         "failed logins one username may make at once",
     ),
     Spec(
@@ -138,7 +146,7 @@ SPECS: tuple[Spec, ...] = (
         "LOGIN_BURST_PER_CLIENT",
         "login_burst_per_client",
         "20",
-        _int(1),
+        integer(1),
         "logins one client address may make at once",
     ),
     Spec(
@@ -152,28 +160,28 @@ SPECS: tuple[Spec, ...] = (
         "REGISTER_BURST_PER_CLIENT",
         "register_burst_per_client",
         "10",
-        _int(1),
+        integer(1),
         "registrations one client address may make at once",
     ),
     Spec(
         "RATE_LIMIT_KEYS_MAX",
         "rate_limit_keys_max",
         "100000",
-        _int(1),
+        integer(1),
         "usernames or addresses tracked per limit; past it the least recent is forgotten",
     ),
     Spec(
         "EVENT_LOOP",
         "event_loop",
         "uvloop",
-        _choice("asyncio", "uvloop"),
+        choice("asyncio", "uvloop"),
         "event loop implementation",
     ),
     Spec(
         "LOG_LEVEL",
         "log_level",
         "info",
-        _choice("debug", "info", "warning", "error"),
+        choice("debug", "info", "warning", "error"),
         "logging level",
     ),
 )
@@ -212,16 +220,12 @@ class Settings:
         cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
     ) -> Settings:
         """Read ``.env`` then the environment (which wins), validate every value, or raise."""
-        merged: dict[str, str] = {}
-        if dotenv_path is not None and Path(dotenv_path).is_file():
-            merged.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
-        merged.update(os.environ if environ is None else environ)
-        return cls.from_mapping(merged)
+        return cls.from_mapping(read_environment(environ, dotenv_path))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, str]) -> Settings:
         """Validate settings given by environment name; missing names take their defaults."""
-        settings = cls(**_parse(SPECS, values))
+        settings = cls(**parse_specs(SPECS, values))
         settings._check_combinations()
         return settings
 
@@ -244,21 +248,6 @@ class Settings:
         )
 
 
-def _parse(specs: tuple[Spec, ...], values: Mapping[str, str]) -> dict[str, Any]:
-    parsed: dict[str, Any] = {}
-    for spec in specs:
-        raw = values.get(spec.env, spec.default)
-        try:
-            parsed[spec.field] = spec.parse(raw)
-        except ValueError as exc:
-            raise SettingError(spec.env, raw, str(exc)) from None
-    return parsed
-
-
 def settings_help() -> str:
-    """The ``--help`` epilog: every setting with its default and what it does."""
-    width = max(len(spec.env) for spec in SPECS)
-    lines = ["settings (environment variables; .env in the working directory; env wins):"]
-    for spec in SPECS:
-        lines.append(f"  {spec.env:<{width}}  {spec.help} [default: {spec.default}]")
-    return "\n".join(lines)
+    """The auth service's ``--help`` epilog: every setting with its default and what it does."""
+    return specs_help(SPECS)

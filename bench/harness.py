@@ -63,8 +63,76 @@ class KeyPair:
         return jwt.encode(payload, self.private_key, algorithm="EdDSA", headers={"kid": "test"})
 
 
-class ServerProcess:
+class ServiceProcess:
+    """A service (``python -m MODULE``) as a subprocess in its own working directory.
+
+    Subclasses set ``module``, ``env``, ``port`` and ``log_path``; :meth:`start`
+    waits for its ``/healthz``; every stop is bounded in time.
+    """
+
+    module = ""
+    workdir: Path
+    env: dict[str, str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def _start(self, timeout_s: float) -> None:
+        """Start the process and wait until ``GET /healthz`` on its port answers."""
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.module} exited {self.proc.returncode}:\n{self.log()}")
+            with suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.module} did not answer /healthz:\n{self.log()}")
+
+    def log(self) -> str:
+        """Everything the process printed."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        """Send a signal to the process."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float = 20) -> int:
+        """Wait for the process to exit; its status."""
+        assert self.proc is not None
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL, and wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait (SIGKILL if it hangs); the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+
+class ServerProcess(ServiceProcess):
     """``python -m chat_server`` as a subprocess on a free port, in its own working directory."""
+
+    module = "chat_server"
 
     def __init__(self, workdir: Path, keys: KeyPair, **settings: Any) -> None:
         self.workdir = workdir
@@ -92,27 +160,8 @@ class ServerProcess:
 
     def start(self, timeout_s: float = 20) -> ServerProcess:
         """Start and wait until /healthz answers."""
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chat_server"],
-            cwd=self.workdir,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log()}")
-            with suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
-                return self
-            time.sleep(0.05)
-        raise RuntimeError(f"server did not answer /healthz:\n{self.log()}")
-
-    def log(self) -> str:
-        """Everything the server printed."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        self._start(timeout_s)
+        return self
 
     def stats(self) -> dict[str, Any]:
         """The server's /stats counters."""
@@ -120,33 +169,6 @@ class ServerProcess:
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=5) as resp:
             return json.loads(resp.read())
-
-    def signal(self, sig: int) -> None:
-        """Send a signal to the server."""
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float = 20) -> int:
-        """Wait for the server to exit; its status."""
-        assert self.proc is not None
-        return self.proc.wait(timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL, and wait."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait (SIGKILL if it hangs); the exit status."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
 
 
 # ---- the auth service ----------------------------------------------------------------
@@ -202,12 +224,14 @@ def http_request(
             return HttpReply(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read())
 
 
-class AuthProcess:
+class AuthProcess(ServiceProcess):
     """``python -m auth_service`` as a subprocess on a free port; keys and users in ``workdir``.
 
     Its settings come from the keyword arguments (environment names, any case) over
     paths inside ``workdir``; the caller's own auth settings are not passed on.
     """
+
+    module = "auth_service"
 
     def __init__(self, workdir: Path, **settings: Any) -> None:
         self.workdir = workdir
@@ -238,23 +262,8 @@ class AuthProcess:
 
     def start(self, timeout_s: float = 30) -> AuthProcess:
         """Start and wait until /healthz answers."""
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "auth_service"],
-            cwd=self.workdir,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"auth service exited {self.proc.returncode}:\n{self.log()}")
-            with suppress(OSError):
-                urllib.request.urlopen(self.url("/healthz"), timeout=1)
-                return self
-            time.sleep(0.05)
-        raise RuntimeError(f"auth service did not answer /healthz:\n{self.log()}")
+        self._start(timeout_s)
+        return self
 
     def run(self, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
         """Run ``python -m auth_service ARGS`` to completion with the same settings."""
@@ -294,34 +303,3 @@ class AuthProcess:
     def jwks(self) -> dict[str, Any]:
         """The JWK set."""
         return dict(self.get("/.well-known/jwks.json").json())
-
-    def log(self) -> str:
-        """Everything the service printed."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def signal(self, sig: int) -> None:
-        """Send a signal to the service."""
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout_s: float = 20) -> int:
-        """Wait for the service to exit; its status."""
-        assert self.proc is not None
-        return self.proc.wait(timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL, and wait."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait (SIGKILL if it hangs); the exit status."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from auth_service.app import AuthAPI, Limits, create_app
+from auth_service.app import build_api, create_app
 from auth_service.passwords import Argon2Params, InlinePasswords
 from auth_service.settings import Settings as AuthSettings
-from auth_service.tokens import KeyFiles, TokenIssuer, read_keys
+from auth_service.tokens import KeyFiles, read_keys
 from auth_service.users import UserStore
 from chat_server.settings import Settings
 
@@ -57,20 +57,9 @@ class InlineLogin:
         auth = AuthSettings.load(dotenv_path=self.env_file)
         keyring = read_keys(KeyFiles.from_settings(auth))  # written by the auth service
         self._users = await UserStore.open(auth.auth_db)
-        passwords = InlinePasswords(
-            Argon2Params(
-                auth.argon2_time_cost, auth.argon2_memory_cost_kib, auth.argon2_parallelism
-            )
-        )
+        passwords = InlinePasswords(Argon2Params.from_settings(auth))
         await passwords.start()
-        tokens = TokenIssuer(
-            KeyFiles.from_settings(auth),
-            keyring,
-            issuer=auth.jwt_issuer,
-            audience=auth.jwt_audience,
-            ttl_s=auth.token_ttl_s,
-        )
-        api = AuthAPI(passwords, self._users, tokens, Limits.from_settings(auth))
+        api = build_api(auth, passwords, self._users, keyring)
         config = uvicorn.Config(
             create_app(api),
             host=self.settings.host,

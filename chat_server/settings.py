@@ -34,7 +34,7 @@ class SettingError(ValueError):
 # ---- parsers: str -> value, raising ValueError(allowed) -----------------------------
 
 
-def _choice(*allowed: str) -> Callable[[str], str]:
+def choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
         if value not in allowed:
@@ -44,7 +44,7 @@ def _choice(*allowed: str) -> Callable[[str], str]:
     return parse
 
 
-def _on_off(raw: str) -> bool:
+def on_off(raw: str) -> bool:
     value = raw.strip().lower()
     if value in ("on", "true", "1", "yes"):
         return True
@@ -53,7 +53,7 @@ def _on_off(raw: str) -> bool:
     raise ValueError("allowed: on, off")
 
 
-def _int(low: int, high: int | None = None) -> Callable[[str], int]:
+def integer(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(raw: str) -> int:
         try:
             value = int(raw.strip())
@@ -66,7 +66,7 @@ def _int(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _float(low: float, high: float | None = None) -> Callable[[str], float]:
+def number(low: float, high: float | None = None) -> Callable[[str], float]:
     def parse(raw: str) -> float:
         try:
             value = float(raw.strip())
@@ -85,14 +85,14 @@ def _range_text(low: float, high: float | None, kind: str) -> str:
     return f"allowed: {kind} from {low} to {high}"
 
 
-def _text(raw: str) -> str:
+def text(raw: str) -> str:
     value = raw.strip()
     if not value:
         raise ValueError("allowed: a non-empty string")
     return value
 
 
-def _optional_text(raw: str) -> str:
+def optional_text(raw: str) -> str:
     return raw.strip()
 
 
@@ -166,29 +166,33 @@ REGRESSIONS = (
 )
 
 SPECS: tuple[Spec, ...] = (
-    Spec("CHAT_HOST", "host", "127.0.0.1", _text, "address the chat server listens on"),
+    Spec("CHAT_HOST", "host", "127.0.0.1", text, "address the chat server listens on"),
     Spec(
-        "CHAT_PORT", "port", "8000", _int(1, 65535), "port of the websocket path /ws and /healthz"
+        "CHAT_PORT",
+        "port",
+        "8000",
+        integer(1, 65535),
+        "port of the websocket path /ws and /healthz",
     ),
     Spec(
         "SERIALIZER",
         "serializer",
         "orjson",
-        _choice("json", "orjson", "protobuf"),
+        choice("json", "orjson", "protobuf"),
         "wire codec: json (stdlib), orjson, protobuf (binary frames)",
     ),
     Spec(
         "EVENT_LOOP",
         "event_loop",
         "uvloop",
-        _choice("asyncio", "uvloop"),
+        choice("asyncio", "uvloop"),
         "event loop implementation",
     ),
     Spec(
         "WS_DEFLATE",
         "ws_deflate",
         "off",
-        _on_off,
+        on_off,
         "offer permessage-deflate (window 2^12, memLevel 5: ~64 KiB per connection)",
     ),
     Spec(
@@ -202,7 +206,7 @@ SPECS: tuple[Spec, ...] = (
         "WORKERS",
         "workers",
         "1",
-        _int(1, 1024),
+        integer(1, 1024),
         "server processes sharing the port",
         not_built=_not(1),
     ),
@@ -210,34 +214,38 @@ SPECS: tuple[Spec, ...] = (
         "BROKER",
         "broker",
         "memory",
-        _choice("memory", "redis"),
+        choice("memory", "redis"),
         "fan-out between processes: memory (one process) or redis",
         not_built=_not("memory"),
     ),
-    Spec("REDIS_URL", "redis_url", "redis://127.0.0.1:6379/0", _text, "used when BROKER=redis"),
-    Spec("CHAT_DB", "chat_db", "data/chat.sqlite3", _text, "SQLite file holding rooms' history"),
+    Spec("REDIS_URL", "redis_url", "redis://127.0.0.1:6379/0", text, "used when BROKER=redis"),
+    Spec("CHAT_DB", "chat_db", "data/chat.sqlite3", text, "SQLite file holding rooms' history"),
     Spec(
         "CHAT_DB_SYNCHRONOUS",
         "chat_db_synchronous",
         "normal",
-        _choice("normal", "full"),
+        choice("normal", "full"),
         "SQLite synchronous level: normal survives kill -9, full also power loss",
     ),
     Spec(
         "STORE_QUEUE_MAX",
         "store_queue_max",
         "10000",
-        _int(1),
+        integer(1),
         "messages waiting for the history writer; past it a send gets unavailable",
     ),
     Spec(
-        "STORE_BATCH_MAX", "store_batch_max", "1000", _int(1), "most messages in one group commit"
+        "STORE_BATCH_MAX",
+        "store_batch_max",
+        "1000",
+        integer(1),
+        "most messages in one group commit",
     ),
     Spec(
         "JWT_PUBLIC_KEY",
         "jwt_public_key",
         "keys/jwt_public.pem",
-        _text,
+        text,
         "PEM public key the chat server verifies tokens with",
     ),
     Spec(
@@ -247,27 +255,27 @@ SPECS: tuple[Spec, ...] = (
         _jwt_algorithm,
         "the only token algorithm accepted",
     ),
-    Spec("JWT_ISSUER", "jwt_issuer", "chatlab-auth", _text, "required iss of every token"),
-    Spec("JWT_AUDIENCE", "jwt_audience", "chatlab-chat", _text, "required aud of every token"),
+    Spec("JWT_ISSUER", "jwt_issuer", "chatlab-auth", text, "required iss of every token"),
+    Spec("JWT_AUDIENCE", "jwt_audience", "chatlab-chat", text, "required aud of every token"),
     Spec(
         "JWT_JWKS_URL",
         "jwt_jwks_url",
         "",
-        _optional_text,
+        optional_text,
         "take keys from this JWK set instead of JWT_PUBLIC_KEY (empty: off)",
     ),
     Spec(
         "JWKS_REFRESH_S",
         "jwks_refresh_s",
         "60",
-        _float(1),
+        number(1),
         "seconds between background refreshes of the JWK set",
     ),
     Spec(
         "PROFILE",
         "profile",
         "off",
-        _choice("off", "cprofile"),
+        choice("off", "cprofile"),
         "cprofile: write profile snapshots under profiles/",
         not_built=_not("off"),
     ),
@@ -275,14 +283,14 @@ SPECS: tuple[Spec, ...] = (
         "PROFILE_INTERVAL_S",
         "profile_interval_s",
         "10",
-        _float(0.1),
+        number(0.1),
         "seconds between profile snapshots",
     ),
     Spec(
         "METRICS_PORT",
         "metrics_port",
         "0",
-        _int(0, 65535),
+        integer(0, 65535),
         "Prometheus metrics port (0: off)",
         not_built=_not(0),
     ),
@@ -290,58 +298,58 @@ SPECS: tuple[Spec, ...] = (
         "MAX_FRAME_BYTES",
         "max_frame_bytes",
         "65536",
-        _int(64),
+        integer(64),
         "largest incoming frame; above it close 1009",
     ),
     Spec(
         "MAX_BODY_CHARS",
         "max_body_chars",
         "4000",
-        _int(1),
+        integer(1),
         "longest message body; above it too_large",
     ),
     Spec(
         "MAX_PROTOCOL_ERRORS",
         "max_protocol_errors",
         "10",
-        _int(1),
+        integer(1),
         "errors in one connection before close 1008",
     ),
     Spec(
         "MAX_OUTBOUND_BYTES",
         "max_outbound_bytes",
         "1048576",
-        _int(1024),
+        integer(1024),
         "bytes held for a connection that is not reading; past it close 1013",
     ),
     Spec(
         "RATE_LIMIT_PER_S",
         "rate_limit_per_s",
         "20",
-        _float(0.001),
+        number(0.001),
         "frames per second per connection (token bucket)",
     ),
-    Spec("RATE_LIMIT_BURST", "rate_limit_burst", "100", _int(1), "token bucket size"),
+    Spec("RATE_LIMIT_BURST", "rate_limit_burst", "100", integer(1), "token bucket size"),
     Spec(
         "MAX_HISTORY_BYTES",
         "max_history_bytes",
         "262144",
-        _int(1024),
+        integer(1024),
         "encoded size one history reply may reach",
     ),
-    Spec("HISTORY_MAX", "history_max", "0", _int(0), "messages kept per room (0: all)"),
+    Spec("HISTORY_MAX", "history_max", "0", integer(0), "messages kept per room (0: all)"),
     Spec(
         "MAX_CONNECTIONS",
         "max_connections",
         "10000",
-        _int(1),
+        integer(1),
         "open connections; past it the handshake gets 503; sizes the open-files limit",
     ),
     Spec(
         "TRANSPORT",
         "transport",
         "websockets",
-        _choice("websockets", "picows"),
+        choice("websockets", "picows"),
         "websocket implementation",
         not_built=_not("websockets"),
     ),
@@ -349,43 +357,43 @@ SPECS: tuple[Spec, ...] = (
         "REGRESSION",
         "regression",
         "off",
-        _choice(*REGRESSIONS),
+        choice(*REGRESSIONS),
         "one deliberate mistake for the lab (off in real use)",
     ),
     Spec(
         "AUTH_INLINE_PORT",
         "auth_inline_port",
         "8002",
-        _int(1, 65535),
+        integer(1, 65535),
         "with REGRESSION=auth_inline: port of the inline POST /login",
     ),
     Spec(
         "CLOSE_TIMEOUT_S",
         "close_timeout_s",
         "5",
-        _float(0.01),
+        number(0.01),
         "wait for a closing handshake (1013, 1001) before dropping the connection",
     ),
     Spec(
         "DRAIN_GRACE_S",
         "drain_grace_s",
         "1",
-        _float(0, 300),
+        number(0, 300),
         "on SIGTERM: after committing, keep connections this long (sends get unavailable)",
     ),
-    Spec("PING_INTERVAL_S", "ping_interval_s", "20", _float(0), "keepalive ping interval (0: off)"),
+    Spec("PING_INTERVAL_S", "ping_interval_s", "20", number(0), "keepalive ping interval (0: off)"),
     Spec(
         "PING_TIMEOUT_S",
         "ping_timeout_s",
         "20",
-        _float(0),
+        number(0),
         "a peer that does not answer a ping within this is closed with 1011",
     ),
     Spec(
         "LOG_LEVEL",
         "log_level",
         "info",
-        _choice("debug", "info", "warning", "error"),
+        choice("debug", "info", "warning", "error"),
         "logging level",
     ),
 )
@@ -440,26 +448,12 @@ class Settings:
         cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
     ) -> Settings:
         """Read ``.env`` then the environment (which wins), validate every value, or raise."""
-        merged: dict[str, str] = {}
-        if dotenv_path is not None and Path(dotenv_path).is_file():
-            merged.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
-        merged.update(os.environ if environ is None else environ)
-        return cls.from_mapping(merged)
+        return cls.from_mapping(read_environment(environ, dotenv_path))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, str]) -> Settings:
         """Validate settings given by environment name; missing names take their defaults."""
-        parsed: dict[str, Any] = {}
-        for spec in SPECS:
-            raw = values.get(spec.env, spec.default)
-            try:
-                value = spec.parse(raw)
-            except ValueError as exc:
-                raise SettingError(spec.env, raw, str(exc)) from None
-            if spec.not_built is not None and spec.not_built(value):
-                raise SettingError(spec.env, raw, "not built yet in this version of chatlab")
-            parsed[spec.field] = value
-        settings = cls(**parsed)
+        settings = cls(**parse_specs(SPECS, values))
         settings._check_combinations()
         return settings
 
@@ -487,11 +481,42 @@ class Settings:
         )
 
 
-def settings_help() -> str:
-    """The ``--help`` epilog: every setting with its default and what it does."""
-    width = max(len(spec.env) for spec in SPECS)
+def read_environment(
+    environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
+) -> dict[str, str]:
+    """``.env`` (when the file exists) overlaid with the environment, which wins."""
+    merged: dict[str, str] = {}
+    if dotenv_path is not None and Path(dotenv_path).is_file():
+        merged.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
+    merged.update(os.environ if environ is None else environ)
+    return merged
+
+
+def parse_specs(specs: tuple[Spec, ...], values: Mapping[str, str]) -> dict[str, Any]:
+    """Parse each spec's value (or default) into ``{field: value}``; SettingError on a bad one."""
+    parsed: dict[str, Any] = {}
+    for spec in specs:
+        raw = values.get(spec.env, spec.default)
+        try:
+            value = spec.parse(raw)
+        except ValueError as exc:
+            raise SettingError(spec.env, raw, str(exc)) from None
+        if spec.not_built is not None and spec.not_built(value):
+            raise SettingError(spec.env, raw, "not built yet in this version of chatlab")
+        parsed[spec.field] = value
+    return parsed
+
+
+def specs_help(specs: tuple[Spec, ...]) -> str:
+    """A ``--help`` epilog: every setting with its default and what it does."""
+    width = max(len(spec.env) for spec in specs)
     lines = ["settings (environment variables; .env in the working directory; env wins):"]
-    for spec in SPECS:
+    for spec in specs:
         default = spec.default if spec.default else "(empty)"
         lines.append(f"  {spec.env:<{width}}  {spec.help} [default: {default}]")
     return "\n".join(lines)
+
+
+def settings_help() -> str:
+    """The chat server's ``--help`` epilog."""
+    return specs_help(SPECS)

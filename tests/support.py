@@ -18,7 +18,16 @@ from chat_server.messages import (
     ServerMessage,
 )
 
-__all__ = ["AUDIENCE", "ISSUER", "ROOT", "Client", "KeyPair", "ServerProcess", "free_port"]
+__all__ = [
+    "AUDIENCE",
+    "ISSUER",
+    "ROOT",
+    "Client",
+    "KeyPair",
+    "ServerProcess",
+    "free_port",
+    "opens_chat",
+]
 
 
 class Client:
@@ -96,3 +105,19 @@ class Client:
     async def close(self) -> None:
         """Close normally."""
         await self.conn.close()
+
+
+async def opens_chat(server: ServerProcess, token: str) -> bool:
+    """True when ``token`` opens a chat connection (to its welcome); False when refused with 401."""
+    from websockets.exceptions import InvalidStatus
+
+    from chat_server.messages import Welcome
+
+    try:
+        client = await Client.connect(server, token)
+    except InvalidStatus as refused:
+        assert refused.response.status_code == 401, refused.response
+        return False
+    await client.expect(Welcome)
+    await client.close()
+    return True

@@ -27,7 +27,7 @@ from bench.harness import (
     http_request,
 )
 from chat_server.messages import Ack, Joined, Message, Welcome
-from tests.support import Client
+from tests.support import Client, opens_chat
 
 PASSWORD = "correct horse"
 
@@ -134,17 +134,6 @@ def test_the_chat_server_never_loads_argon2(services: tuple[AuthProcess, ServerP
     assert "_argon2_cffi_bindings" in _maps(auth.proc.pid)
 
 
-async def _opens_chat(chat: ServerProcess, token: str) -> bool:
-    try:
-        client = await Client.connect(chat, token)
-    except InvalidStatus as refused:
-        assert refused.response.status_code == 401
-        return False
-    await client.expect(Welcome)
-    await client.close()
-    return True
-
-
 def _kid(token: str) -> str:
     return jwt.get_unverified_header(token)["kid"]
 
@@ -184,13 +173,13 @@ async def test_rotation_old_and_new_tokens_open_chat_until_the_old_expire(
     assert {_kid(old_token), _kid(new_token)} <= {k["kid"] for k in auth.jwks()["keys"]}
     # the chat server learns the new kid in the background (refused at most until then)
     deadline = time.monotonic() + 10
-    while not await _opens_chat(chat, new_token):
+    while not await opens_chat(chat, new_token):
         assert time.monotonic() < deadline, "the chat server never trusted the new key"
         time.sleep(0.2)
-    assert await _opens_chat(chat, old_token)  # the old key still opens chat
+    assert await opens_chat(chat, old_token)  # the old key still opens chat
     time.sleep(max(0.0, old_expiry - time.time()) + 1.5)
-    assert not await _opens_chat(chat, old_token)  # until its tokens expire
-    assert await _opens_chat(chat, auth.token("alice", PASSWORD))
+    assert not await opens_chat(chat, old_token)  # until its tokens expire
+    assert await opens_chat(chat, auth.token("alice", PASSWORD))
 
 
 async def test_auth_inline_regression_serves_login_on_the_chat_loop(
@@ -223,7 +212,7 @@ async def test_auth_inline_regression_serves_login_on_the_chat_loop(
     )
     assert reply.status == 200, reply.body
     token = reply.json()["access_token"]
-    assert await _opens_chat(chat, token)
+    assert await opens_chat(chat, token)
     wrong = http_request(
         "POST", f"http://127.0.0.1:{inline_port}/login", {"username": "bob", "password": "x" * 9}
     )

@@ -16,8 +16,7 @@ from jwt.algorithms import OKPAlgorithm
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from chat_server.messages import Welcome
-from tests.support import AUDIENCE, ISSUER, Client, KeyPair, ServerProcess, free_port
+from tests.support import AUDIENCE, ISSUER, KeyPair, ServerProcess, free_port, opens_chat
 
 
 class JwksServer:
@@ -67,26 +66,15 @@ def jwks() -> Iterator[JwksServer]:
     server.httpd.shutdown()
 
 
-async def _opens(server: ServerProcess, token: str) -> bool:
-    try:
-        client = await Client.connect(server, token)
-    except InvalidStatus as refused:
-        assert refused.response.status_code == 401
-        return False
-    await client.expect(Welcome)
-    await client.close()
-    return True
-
-
 async def test_keys_are_picked_by_kid_and_refreshed(start_server, jwks: JwksServer):
     server = start_server(event_loop="asyncio", jwt_jwks_url=jwks.url, jwks_refresh_s=1)
-    assert await _opens(server, jwks.mint("k1"))
+    assert await opens_chat(server, jwks.mint("k1"))
     jwks.add_key("k2")  # a rotation at the auth service
     deadline = time.monotonic() + 15
-    while not await _opens(server, jwks.mint("k2")):
+    while not await opens_chat(server, jwks.mint("k2")):
         assert time.monotonic() < deadline, "the new key was never picked up"
         time.sleep(0.2)
-    assert await _opens(server, jwks.mint("k1"))  # the old key still verifies
+    assert await opens_chat(server, jwks.mint("k1"))  # the old key still verifies
     del jwks.keys["k1"]  # retired once its tokens expired
     token = jwks.mint("k2")
     old = jwt.encode(
@@ -95,8 +83,8 @@ async def test_keys_are_picked_by_kid_and_refreshed(start_server, jwks: JwksServ
         algorithm="EdDSA",
         headers={"kid": "k1"},
     )
-    assert not await _opens(server, old)  # a forged token naming a known kid
-    assert await _opens(server, token)
+    assert not await opens_chat(server, old)  # a forged token naming a known kid
+    assert await opens_chat(server, token)
 
 
 async def test_unknown_kid_is_refused_with_401(start_server, jwks: JwksServer):
