@@ -12,20 +12,18 @@ Settings the two services share (``JWT_PUBLIC_KEY``, ``JWT_ISSUER``, ``JWT_AUDIE
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from typing import ClassVar
 
 import argon2
 
 from chat_server.settings import (
     SettingError,
     Spec,
+    SpecSettings,
     choice,
     integer,
     number,
-    parse_specs,
-    read_environment,
     specs_help,
     text,
 )
@@ -188,8 +186,10 @@ SPECS: tuple[Spec, ...] = (
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(SpecSettings):
     """Every auth service setting, validated. Build it with :meth:`load`."""
+
+    specs: ClassVar[tuple[Spec, ...]] = SPECS
 
     host: str
     port: int
@@ -214,20 +214,6 @@ class Settings:
     rate_limit_keys_max: int
     event_loop: str
     log_level: str
-
-    @classmethod
-    def load(
-        cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
-    ) -> Settings:
-        """Read ``.env`` then the environment (which wins), validate every value, or raise."""
-        return cls.from_mapping(read_environment(environ, dotenv_path))
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, str]) -> Settings:
-        """Validate settings given by environment name; missing names take their defaults."""
-        settings = cls(**parse_specs(SPECS, values))
-        settings._check_combinations()
-        return settings
 
     def _check_combinations(self) -> None:
         # argon2 needs at least 8 KiB per lane

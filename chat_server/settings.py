@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from dotenv import dotenv_values
 
@@ -399,9 +399,34 @@ SPECS: tuple[Spec, ...] = (
 )
 
 
+class SpecSettings:
+    """Base of a service's settings: built from its ``specs`` table, validated as a whole."""
+
+    specs: ClassVar[tuple[Spec, ...]] = ()
+
+    @classmethod
+    def load(
+        cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
+    ) -> Self:
+        """Read ``.env`` then the environment (which wins), validate every value, or raise."""
+        return cls.from_mapping(read_environment(environ, dotenv_path))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, str]) -> Self:
+        """Validate settings given by environment name; missing names take their defaults."""
+        settings = cls(**parse_specs(cls.specs, values))
+        settings._check_combinations()
+        return settings
+
+    def _check_combinations(self) -> None:
+        """Raise SettingError when values valid alone do not go together."""
+
+
 @dataclass(frozen=True)
-class Settings:
+class Settings(SpecSettings):
     """Every chat server setting, validated. Build it with :meth:`load`."""
+
+    specs: ClassVar[tuple[Spec, ...]] = SPECS
 
     host: str
     port: int
@@ -442,20 +467,6 @@ class Settings:
     ping_interval_s: float
     ping_timeout_s: float
     log_level: str
-
-    @classmethod
-    def load(
-        cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
-    ) -> Settings:
-        """Read ``.env`` then the environment (which wins), validate every value, or raise."""
-        return cls.from_mapping(read_environment(environ, dotenv_path))
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, str]) -> Settings:
-        """Validate settings given by environment name; missing names take their defaults."""
-        settings = cls(**parse_specs(SPECS, values))
-        settings._check_combinations()
-        return settings
 
     def _check_combinations(self) -> None:
         if self.regression == "deflate_max_window" and not self.ws_deflate:
