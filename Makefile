@@ -1,7 +1,7 @@
 # chatlab: `make demo` runs the main job, `make test` the tests; both set up first.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint format bench proto memory auth-bench clean
+.PHONY: setup demo test lint format bench proto memory auth-bench loadtest relay clean
 
 setup:
 	@scripts/setup.sh
@@ -26,6 +26,12 @@ format: setup
 bench: setup
 	$(PY) -m bench.codecs
 
+# pytest-benchmark: json/orjson/protobuf side by side, then the seed-style table
+microbench: setup
+	mkdir -p reports
+	$(PY) -m pytest bench/ --benchmark-only --benchmark-json=reports/microbench.json
+	$(PY) -m bench.seed_table reports/microbench.json
+
 # chat server memory per idle connection, deflate off and on
 memory: setup
 	$(PY) -m bench.memory
@@ -34,10 +40,20 @@ memory: setup
 auth-bench: setup
 	$(PY) -m bench.auth_login
 
+# Locust load test of the running chat server + auth service (web UI on :8089 unless
+# ARGS has --headless), e.g. make loadtest ARGS="--headless --load-profile smoke"
+loadtest: setup
+	$(PY) -m locust -f loadtest/chat.py $(ARGS)
+
+# a relay that does the least work, to measure the load generator (loadtest/README.md)
+relay: setup
+	$(PY) -m bench.relay $(ARGS)
+
 # regenerate chat_server/codecs/chat_pb2.py from proto/chat.proto (grpcio-tools is pinned)
 proto: setup
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=chat_server/codecs \
 		--pyi_out=chat_server/codecs proto/chat.proto
+	$(PY) -m grpc_tools.protoc -Ibench --python_out=bench --pyi_out=bench bench/seed.proto
 
 clean:
 	rm -rf .pytest_cache .ruff_cache .tox build *.egg-info

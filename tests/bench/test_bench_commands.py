@@ -63,3 +63,24 @@ def test_auth_login_bench_compares_pool_and_inline(tmp_path: Path):
     rows = {r["mode"]: r for r in json.loads(out.read_text())}
     assert set(rows) == {"pool", "inline"}
     assert rows["pool"]["logins"] > 0 and rows["inline"]["logins"] > 0
+
+
+def test_serialization_microbenchmarks_run_once_and_render_the_seed_table(tmp_path: Path):
+    out = tmp_path / "bench.json"
+    result = _run(
+        "pytest",
+        "bench/test_serialization.py",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--benchmark-only",
+        "--benchmark-min-rounds=1",
+        "--benchmark-max-time=0.01",
+        "--benchmark-warmup=off",
+        f"--benchmark-json={out}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = _run("bench.seed_table", str(out))
+    assert table.returncode == 0, table.stderr
+    for group in ("seed message: serialize", "chat send: decode (codec)"):
+        assert sum(group in line for line in table.stdout.splitlines()) == 3, table.stdout
