@@ -1,7 +1,7 @@
 # chatlab: `make demo` runs the main job, `make test` the tests; both set up first.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint format bench proto memory auth-bench loadtest relay clean
+.PHONY: setup demo test lint format bench microbench proto memory auth-bench loadtest relay clean
 
 setup:
 	@scripts/setup.sh
