@@ -3,11 +3,13 @@
 Shared by the tests, the demo and the benchmarks, so that all three start the
 server exactly as a user does (``python -m chat_server`` with its settings in
 the environment) and mint tokens as the auth service does (EdDSA, with ``kid``).
+:class:`RedisProcess` runs a private ``redis-server`` for ``BROKER=redis``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import psutil
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -67,7 +70,8 @@ class ServiceProcess:
     """A service (``python -m MODULE``) as a subprocess in its own working directory.
 
     Subclasses set ``module``, ``env``, ``port`` and ``log_path``; :meth:`start`
-    waits for its ``/healthz``; every stop is bounded in time.
+    waits for its ``/healthz`` (or whatever :meth:`ready` checks); every stop is
+    bounded in time.
     """
 
     module = ""
@@ -77,25 +81,36 @@ class ServiceProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
 
+    def command(self) -> list[str]:
+        """The command line that starts the service."""
+        return [sys.executable, "-m", self.module]
+
+    def ready(self) -> bool:
+        """True once the service answers (``GET /healthz`` on its port)."""
+        with suppress(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
+            return True
+        return False
+
     def _start(self, timeout_s: float) -> None:
-        """Start the process and wait until ``GET /healthz`` on its port answers."""
+        """Start the process and wait until :meth:`ready`."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module],
+            self.command(),
             cwd=self.workdir,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        name = self.module or self.command()[0]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.module} exited {self.proc.returncode}:\n{self.log()}")
-            with suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
+                raise RuntimeError(f"{name} exited {self.proc.returncode}:\n{self.log()}")
+            if self.ready():
                 return
             time.sleep(0.05)
-        raise RuntimeError(f"{self.module} did not answer /healthz:\n{self.log()}")
+        raise RuntimeError(f"{name} did not get ready:\n{self.log()}")
 
     def log(self) -> str:
         """Everything the process printed."""
@@ -163,12 +178,89 @@ class ServerProcess(ServiceProcess):
         self._start(timeout_s)
         return self
 
+    def kill(self) -> None:
+        """SIGKILL the server and, with ``WORKERS`` > 1, its workers; wait."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with suppress(psutil.NoSuchProcess):
+            workers = psutil.Process(self.proc.pid).children()
+            super().kill()
+            for worker in workers:
+                with suppress(psutil.NoSuchProcess):
+                    worker.kill()
+            psutil.wait_procs(workers, timeout=10)
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the supervisor's worker processes (empty with ``WORKERS=1``)."""
+        assert self.proc is not None
+        return [child.pid for child in psutil.Process(self.proc.pid).children()]
+
     def stats(self) -> dict[str, Any]:
         """The server's /stats counters."""
         import json
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=5) as resp:
             return json.loads(resp.read())
+
+
+# ---- Redis -------------------------------------------------------------------------------
+
+
+class RedisProcess(ServiceProcess):
+    """A private ``redis-server`` on a free port, its files in ``workdir``.
+
+    ``appendonly=True`` keeps an AOF fsynced on every write (``appendfsync
+    always``), so the data survives :meth:`stop` and :meth:`kill` and a restart
+    on the same port and directory; otherwise nothing is persisted.
+    """
+
+    def __init__(self, workdir: Path, *, appendonly: bool = False, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.env = dict(os.environ)
+        self.log_path = workdir / f"redis-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The ``REDIS_URL`` of this server."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        """``redis-server`` with everything on the command line (no config file)."""
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+            if self.appendonly
+            else ["--appendonly", "no", "--save", ""]
+        )
+        return [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--daemonize",
+            "no",
+            "--maxmemory-policy",
+            "noeviction",
+            *persistence,
+        ]
+
+    def ready(self) -> bool:
+        """True once the server answers PING (and is done loading its AOF)."""
+        with suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+        return False
+
+    def start(self, timeout_s: float = 20) -> RedisProcess:
+        """Start and wait until it answers PING."""
+        self._start(timeout_s)
+        return self
 
 
 # ---- the auth service ----------------------------------------------------------------

@@ -2,6 +2,11 @@
 
 Exit status: 0 after a graceful stop, 2 for a bad setting (one line naming the
 variable, the value and what is allowed), 1 for any other failure at start.
+
+With ``WORKERS`` above 1 this process becomes the supervisor
+(:mod:`chat_server.supervisor`), which starts the workers as ``python -m
+chat_server`` again, marked by ``CHATLAB_WORKER``; the server's own modules are
+imported only in the processes that serve. ``WORKERS=1`` serves in this process.
 """
 
 from __future__ import annotations
@@ -9,15 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from typing import TYPE_CHECKING
 
-from chat_server.auth import TokenVerifier, load_verifier
-from chat_server.codecs import get_codec, protobuf_backend
-from chat_server.errors import StoreError
-from chat_server.runtime import loop_factory, on_stop_signals, pin_cpus, raise_open_files_limit
-from chat_server.service import ChatService
-from chat_server.settings import SettingError, Settings, settings_help
-from chat_server.transport.websockets import CLOSE_GOING_AWAY, WebsocketsTransport
+from chat_server.settings import SettingError, Settings, redact_url, settings_help
+from chat_server.supervisor import WorkerSeat
+
+if TYPE_CHECKING:
+    from chat_server.auth import TokenVerifier
 
 log = logging.getLogger("chat_server")
 
@@ -37,14 +42,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(settings: Settings, verifier: TokenVerifier, env_file: str | None = None) -> int:
-    """Run the server until a stop signal, then drain in the contract's order."""
+async def serve(
+    settings: Settings,
+    verifier: TokenVerifier,
+    env_file: str | None = None,
+    seat: WorkerSeat | None = None,
+) -> int:
+    """Run the server until a stop signal, then drain in the contract's order.
+
+    As a worker (``seat`` given) it accepts on the supervisor's socket, reports
+    ready once it serves, and stops if the supervisor disappears.
+    """
+    from chat_server.codecs import get_codec, protobuf_backend  # noqa: PLC0415
+    from chat_server.errors import BrokerUnavailable, StoreError  # noqa: PLC0415
+    from chat_server.runtime import on_stop_signals, watch_parent  # noqa: PLC0415
+    from chat_server.service import ChatService  # noqa: PLC0415
+    from chat_server.transport.websockets import (  # noqa: PLC0415
+        CLOSE_GOING_AWAY,
+        WebsocketsTransport,
+    )
+
     codec = get_codec(settings.serializer)
-    service = ChatService(settings, codec)
+    service = ChatService(settings, codec, worker_index=None if seat is None else seat.index)
     try:
         await service.start()
-    except StoreError as exc:
-        print(f"chat_server: bad setting CHAT_DB={settings.chat_db!r}: {exc}", file=sys.stderr)
+    except (StoreError, BrokerUnavailable) as exc:
+        name, value = (
+            ("REDIS_URL", redact_url(settings.redis_url))
+            if settings.broker == "redis"
+            else ("CHAT_DB", settings.chat_db)
+        )
+        print(f"chat_server: bad setting {name}={value!r}: {exc}", file=sys.stderr)
         return 2
     # the inline login listens before /healthz answers, so a ready server is all ready
     inline_login = None
@@ -58,7 +86,8 @@ async def serve(settings: Settings, verifier: TokenVerifier, env_file: str | Non
             print(f"chat_server: REGRESSION=auth_inline: {exc}", file=sys.stderr)
             await service.close()
             return 2 if isinstance(exc, SettingError) else 1
-    transport = WebsocketsTransport(settings, service, verifier, codec)
+    listen_socket = None if seat is None else seat.listening_socket()
+    transport = WebsocketsTransport(settings, service, verifier, codec, listen_socket)
     try:
         await transport.start()
     except OSError as exc:
@@ -72,6 +101,7 @@ async def serve(settings: Settings, verifier: TokenVerifier, env_file: str | Non
         return 1
     stop = asyncio.Event()
     on_stop_signals(stop.set)
+    watcher = None if seat is None else watch_parent(seat.supervisor_pid, stop.set)
     jwks_refresh = verifier.start_refresh()
     backend = f" ({protobuf_backend()} backend)" if settings.serializer == "protobuf" else ""
     log.info(
@@ -87,7 +117,11 @@ async def serve(settings: Settings, verifier: TokenVerifier, env_file: str | Non
             "never use it for real traffic",
             settings.regression,
         )
+    if seat is not None:
+        seat.report_ready()
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     log.info("stop signal: refusing sends, committing, then closing with 1001")
     transport.stop_accepting()
     if inline_login is not None:
@@ -109,24 +143,43 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         settings = Settings.load(dotenv_path=args.env_file)
+    except SettingError as exc:
+        print(f"chat_server: {exc}", file=sys.stderr)
+        return 2
+    seat = WorkerSeat.from_environ(os.environ)
+    if settings.workers > 1 and seat is None and not args.check:
+        from chat_server.supervisor import Supervisor  # noqa: PLC0415
+
+        _configure_logging(settings, seat)
+        return Supervisor(settings, args.env_file).run()
+    from chat_server.auth import load_verifier  # noqa: PLC0415
+    from chat_server.runtime import loop_factory, pin_cpus, raise_open_files_limit  # noqa: PLC0415
+
+    try:
         verifier = load_verifier(settings)
     except SettingError as exc:
         print(f"chat_server: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if settings.log_level != "debug":
-        logging.getLogger("chat_server.transport.websockets").setLevel(logging.WARNING)
+    _configure_logging(settings, seat)
     if args.check:
         print(f"settings ok: {settings.summary()}")
         return 0
     pin_cpus(settings.cpu_affinity)
     raise_open_files_limit(settings.max_connections)
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        return runner.run(serve(settings, verifier, args.env_file))
+        return runner.run(serve(settings, verifier, args.env_file, seat))
+
+
+def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:
+    """Log to stderr at ``LOG_LEVEL``; a worker's lines name its index and pid."""
+    who = "%(name)s" if seat is None else f"w{seat.index}[%(process)d] %(name)s"
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s {who}: %(message)s",
+        stream=sys.stderr,
+    )
+    if settings.log_level != "debug":
+        logging.getLogger("chat_server.transport.websockets").setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

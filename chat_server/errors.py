@@ -56,3 +56,9 @@ class StoreUnavailable(StoreError):
     """The store cannot take the write now (overloaded queue, closed, locked database)."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class BrokerUnavailable(ChatError):
+    """The broker cannot reach the other processes now (Redis unreachable or too slow)."""
+
+    code = ErrorCode.UNAVAILABLE

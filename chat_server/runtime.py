@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import signal
 from collections.abc import Callable
@@ -54,3 +55,19 @@ def on_stop_signals(callback: Callable[[], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, callback)
+
+
+def watch_parent(parent_pid: int, callback: Callable[[], None]) -> asyncio.Task[None]:
+    """Call ``callback`` once this process' parent is not ``parent_pid`` (checked each second).
+
+    A worker whose supervisor was killed is re-parented; this lets it stop
+    gracefully instead of serving on alone.
+    """
+
+    async def watch() -> None:
+        while os.getppid() == parent_pid:
+            await asyncio.sleep(1.0)
+        log.warning("supervisor %d is gone; stopping this worker", parent_pid)
+        callback()
+
+    return asyncio.create_task(watch(), name="chat-watch-supervisor")

@@ -124,6 +124,13 @@ def parse_core_list(raw: str) -> tuple[int, ...] | None:
     return tuple(sorted(cores))
 
 
+def _redis_url(raw: str) -> str:
+    value = raw.strip()
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("allowed: a redis://, rediss:// or unix:// URL")
+    return value
+
+
 ASYMMETRIC_JWT_ALGORITHMS = ("EdDSA", "ES256", "ES384", "ES512", "RS256", "RS384", "RS512", "PS256")
 
 
@@ -207,19 +214,36 @@ SPECS: tuple[Spec, ...] = (
         "workers",
         "1",
         integer(1, 1024),
-        "server processes sharing the port",
-        not_built=_not(1),
+        "server processes sharing the port (above 1: needs BROKER=redis)",
     ),
     Spec(
         "BROKER",
         "broker",
         "memory",
         choice("memory", "redis"),
-        "fan-out between processes: memory (one process) or redis",
-        not_built=_not("memory"),
+        "fan-out between processes: memory (one process) or redis (history in Redis too)",
     ),
-    Spec("REDIS_URL", "redis_url", "redis://127.0.0.1:6379/0", text, "used when BROKER=redis"),
-    Spec("CHAT_DB", "chat_db", "data/chat.sqlite3", text, "SQLite file holding rooms' history"),
+    Spec(
+        "REDIS_URL",
+        "redis_url",
+        "redis://127.0.0.1:6379/0",
+        _redis_url,
+        "used when BROKER=redis; unreachable at start: exit 2",
+    ),
+    Spec(
+        "PRESENCE_LEASE_S",
+        "presence_lease_s",
+        "5",
+        number(1, 3600),
+        "with BROKER=redis: a process silent this long loses its members' presence",
+    ),
+    Spec(
+        "CHAT_DB",
+        "chat_db",
+        "data/chat.sqlite3",
+        text,
+        "SQLite file holding rooms' history (unused with BROKER=redis)",
+    ),
     Spec(
         "CHAT_DB_SYNCHRONOUS",
         "chat_db_synchronous",
@@ -437,6 +461,7 @@ class Settings(SpecSettings):
     workers: int
     broker: str
     redis_url: str
+    presence_lease_s: float
     chat_db: str
     chat_db_synchronous: str
     store_queue_max: int
@@ -473,6 +498,16 @@ class Settings(SpecSettings):
             raise SettingError(
                 "REGRESSION", self.regression, "deflate_max_window needs WS_DEFLATE=on"
             )
+        if self.regression == "auth_inline" and self.workers > 1:
+            raise SettingError(
+                "REGRESSION", self.regression, "auth_inline needs WORKERS=1 (one inline port)"
+            )
+        if self.workers > 1 and self.broker == "memory":
+            raise SettingError(
+                "WORKERS",
+                str(self.workers),
+                "WORKERS above 1 needs BROKER=redis (BROKER=memory fans out in one process only)",
+            )
         if self.ping_interval_s and not self.ping_timeout_s:
             raise SettingError("PING_TIMEOUT_S", "0", "must be above 0 while PING_INTERVAL_S is on")
 
@@ -487,9 +522,29 @@ class Settings(SpecSettings):
             f"serializer={self.serializer} loop={self.event_loop} "
             f"deflate={'on' if self.ws_deflate else 'off'} affinity={affinity} "
             f"workers={self.workers} broker={self.broker} transport={self.transport} "
-            f"store=sqlite:{self.chat_db} synchronous={self.chat_db_synchronous}"
+            + (
+                f"store=redis:{_redis_location(self.redis_url)}"
+                if self.broker == "redis"
+                else f"store=sqlite:{self.chat_db} synchronous={self.chat_db_synchronous}"
+            )
             + (f" REGRESSION={self.regression}" if self.regression != "off" else "")
         )
+
+
+def _redis_location(url: str) -> str:
+    """``host:port/db`` of a Redis URL, without any password it holds (for logs)."""
+    _, _, rest = url.partition("://")
+    return rest.rpartition("@")[2]
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part, if any, replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, location = rest.rpartition("@")
+    if not at or ":" not in credentials:
+        return url
+    user = credentials.partition(":")[0]
+    return f"{scheme}{sep}{user}:***@{location}"
 
 
 def read_environment(

@@ -1,4 +1,4 @@
-"""Shared fixtures: a key pair, token minting, and chat servers as real processes."""
+"""Shared fixtures: a key pair, token minting, chat servers and Redis as real processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import KeyPair, ServerProcess
+from tests.support import KeyPair, RedisProcess, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +36,27 @@ def start_server(tmp_path: Path, keys: KeyPair) -> Iterator[Callable[..., Server
 def server(start_server: Callable[..., ServerProcess]) -> ServerProcess:
     """A chat server with the default settings (orjson) but the asyncio loop."""
     return start_server(event_loop="asyncio")
+
+
+@pytest.fixture
+def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisProcess]]:
+    """Start private redis-servers (``appendonly=True`` to persist; ``port=`` to restart on
+    the same one) with their files under ``tmp_path/redis``; all are killed after."""
+    started: list[RedisProcess] = []
+    workdir = tmp_path / "redis"
+    workdir.mkdir(exist_ok=True)
+
+    def start(appendonly: bool = False, port: int | None = None) -> RedisProcess:
+        redis = RedisProcess(workdir, appendonly=appendonly, port=port)
+        started.append(redis)
+        return redis.start()
+
+    yield start
+    for redis in started:
+        redis.kill()
+
+
+@pytest.fixture
+def redis_server(start_redis: Callable[..., RedisProcess]) -> RedisProcess:
+    """A private redis-server on a free port, without persistence."""
+    return start_redis()

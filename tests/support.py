@@ -7,7 +7,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.harness import AUDIENCE, ISSUER, ROOT, KeyPair, ServerProcess, free_port
+from bench.harness import AUDIENCE, ISSUER, ROOT, KeyPair, RedisProcess, ServerProcess, free_port
 from chat_server.codecs import get_codec
 from chat_server.messages import (
     ClientMessage,
@@ -24,9 +24,11 @@ __all__ = [
     "ROOT",
     "Client",
     "KeyPair",
+    "RedisProcess",
     "ServerProcess",
     "free_port",
     "opens_chat",
+    "stored_history",
 ]
 
 
@@ -121,3 +123,21 @@ async def opens_chat(server: ServerProcess, token: str) -> bool:
     await client.expect(Welcome)
     await client.close()
     return True
+
+
+async def stored_history(server: ServerProcess, token: str, room: str) -> list[Any]:
+    """The room's whole stored history (``message`` frames, ascending), paged with ``before``."""
+    from chat_server.messages import Welcome
+
+    reader = await Client.connect(server, token)
+    await reader.expect(Welcome)
+    messages: list[Any] = []
+    before = None
+    while True:
+        page = await reader.history(room, before=before, limit=500)
+        if not page.messages:
+            break
+        messages[:0] = page.messages
+        before = page.messages[0].seq
+    await reader.close()
+    return messages

@@ -1,7 +1,8 @@
 """The broker interface: fan-out of committed messages to every process serving a room.
 
 With one process the broker hands a message straight back to the local core; a
-shared broker (Redis, later) carries it to every process subscribed to the room.
+shared broker (:mod:`chat_server.broker.redis`) carries it to every process
+subscribed to the room.
 """
 
 from __future__ import annotations

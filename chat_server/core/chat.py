@@ -14,12 +14,22 @@ A member joining with ``since`` is *replaying* until the caller has sent it ever
 stored message up to the room's last committed ``seq``; only then does
 :meth:`ChatCore.replay_caught_up` make it live, with no await in between, so the
 seam has no gap and no duplicate.
+
+Presence with several processes (``BROKER=redis``): the caller gives
+``remote_members`` (the room's shared member set, as its broker last heard it)
+and ``presence_changed`` (called on a user's first connection in a room here and
+on its last one leaving, so the broker can write it). Each member sees the
+*view* of a room: the shared set plus the users connected here. A presence
+event goes to the local members exactly when that view changes, whether the
+change comes from a local join or leave or from the broker
+(:meth:`ChatCore.remote_presence`). With one process the shared set is empty,
+the view is the local users, and presence is what it always was.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from chat_server.core.validation import check_room, check_send, history_limit
@@ -111,11 +121,16 @@ class ChatCore:
         rate_limit_burst: int,
         room_opened: Callable[[str], None] = lambda room: None,
         room_closed: Callable[[str], None] = lambda room: None,
+        remote_members: Callable[[str], Collection[str]] = lambda room: (),
+        presence_changed: Callable[[str, str], None] = lambda room, user: None,
     ) -> None:
         self.codec = codec
         #: the broker seam: a process receives a room's messages while it has members there
         self.room_opened = room_opened
         self.room_closed = room_closed
+        #: the shared presence seam (several processes): see the module docstring
+        self.remote_members = remote_members
+        self.presence_changed = presence_changed
         self.encode = codec.encode_server
         self.last_seq = last_seq
         self.max_body_chars = max_body_chars
@@ -201,11 +216,15 @@ class ChatCore:
             count = room.users.get(session.user, 0)
             room.users[session.user] = count + 1
             if count == 0:
-                self._presence(room, session.user, "join")
+                if session.user not in self.remote_members(room_name):
+                    self._presence(room, session.user, "join")
+                self.presence_changed(room_name, session.user)
         else:
             room.live.pop(session, None)
             room.replaying.discard(session)
-        joined = Joined(room=room_name, members=list(room.users), last_seq=self.last_seq(room_name))
+        joined = Joined(
+            room=room_name, members=self._members(room), last_seq=self.last_seq(room_name)
+        )
         session.send(self.encode(joined))
         if replay:
             session.rooms[room_name] = False
@@ -253,8 +272,26 @@ class ChatCore:
         if len(room) == 0:
             del self.rooms[room_name]
             self.room_closed(room_name)
-        else:
+        elif session.user not in self.remote_members(room_name):
             self._presence(room, session.user, "leave")
+        self.presence_changed(room_name, session.user)
+
+    def _members(self, room: Room) -> list[str]:
+        """The room's view: the shared member set, then local users not in it, each once."""
+        remote = self.remote_members(room.name)
+        if not remote:
+            return list(room.users)
+        return [*remote, *(user for user in room.users if user not in remote)]
+
+    def remote_presence(self, room_name: str, user: str, present: bool) -> None:
+        """The broker heard ``user`` join (True) or leave the room's shared set: tell members.
+
+        Nothing is sent when the user is connected here, since the view did not change.
+        """
+        room = self.rooms.get(room_name)
+        if room is None or user in room.users:
+            return
+        self._presence(room, user, "join" if present else "leave")
 
     def _presence(self, room: Room, user: str, event: str) -> None:
         frame = self.encode(Presence(room=room.name, user=user, event=event))

@@ -8,12 +8,18 @@ batch back on the event loop through the ``on_batch`` callback it was built with
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from chat_server.errors import StoreError
 from chat_server.messages import Message
+
+logger = logging.getLogger("chat_server.store")
 
 
 class BatchResult(NamedTuple):
@@ -29,6 +35,96 @@ class BatchResult(NamedTuple):
 
 
 BatchCallback = Callable[[BatchResult], None]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """A snapshot of the writer's work since start.
+
+    ``batch_sizes`` maps a power of two ``k`` to the number of batches whose size
+    was in ``[k, 2k)``; ``queue_depth`` counts submissions not yet taken into a batch.
+    """
+
+    batches_committed: int
+    messages_committed: int
+    batches_failed: int
+    messages_failed: int
+    max_batch_size: int
+    last_batch_size: int
+    queue_depth: int
+    batch_sizes: dict[int, int]
+
+
+class BatchLedger:
+    """A store's bookkeeping on the event loop: reports batches, wakes flushers, counts.
+
+    Every submission is counted with :meth:`submitted`; every batch outcome goes
+    through :meth:`report`, which calls ``on_batch`` (logging, never raising, if it
+    fails) and then wakes the :meth:`flush` calls whose submissions are all reported.
+    """
+
+    def __init__(self, on_batch: BatchCallback) -> None:
+        self._on_batch = on_batch
+        self._submitted = 0
+        self._reported = 0
+        self._flush_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = (
+            collections.deque()
+        )
+        self._batches_committed = 0
+        self._messages_committed = 0
+        self._batches_failed = 0
+        self._messages_failed = 0
+        self._max_batch_size = 0
+        self._last_batch_size = 0
+        self._batch_sizes: collections.Counter[int] = collections.Counter()
+
+    def submitted(self) -> None:
+        """Count one submission that will be reported later."""
+        self._submitted += 1
+
+    def report(self, items: list[tuple[Message, Any]], error: StoreError | None) -> None:
+        """Count one batch's outcome, call ``on_batch``, wake the flushers it completes."""
+        size = len(items)
+        if error is None:
+            self._batches_committed += 1
+            self._messages_committed += size
+        else:
+            self._batches_failed += 1
+            self._messages_failed += size
+        self._last_batch_size = size
+        self._max_batch_size = max(self._max_batch_size, size)
+        self._batch_sizes[1 << (size.bit_length() - 1)] += 1
+        try:
+            self._on_batch(BatchResult(items, error))
+        except Exception:
+            logger.exception("history store: on_batch callback failed for a batch of %d", size)
+        self._reported += size
+        while self._flush_waiters and self._flush_waiters[0][0] <= self._reported:
+            _, waiter = self._flush_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def flush(self) -> None:
+        """Return once every submission counted before the call has been reported."""
+        target = self._submitted
+        if self._reported >= target:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((target, waiter))
+        await waiter
+
+    def stats(self, queue_depth: int) -> StoreStats:
+        """The counters so far, with the store's current ``queue_depth``."""
+        return StoreStats(
+            batches_committed=self._batches_committed,
+            messages_committed=self._messages_committed,
+            batches_failed=self._batches_failed,
+            messages_failed=self._messages_failed,
+            max_batch_size=self._max_batch_size,
+            last_batch_size=self._last_batch_size,
+            queue_depth=queue_depth,
+            batch_sizes=dict(self._batch_sizes),
+        )
 
 
 class HistoryStore(ABC):
@@ -61,6 +157,10 @@ class HistoryStore(ABC):
     @abstractmethod
     async def flush(self) -> None:
         """Return once everything submitted so far is committed and reported."""
+
+    @abstractmethod
+    def stats(self) -> StoreStats:
+        """A snapshot of the batches committed and failed so far and of the queue."""
 
     @abstractmethod
     async def close(self) -> None:

@@ -35,13 +35,12 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
-from chat_server.store.base import BatchCallback, BatchResult, HistoryStore
+from chat_server.store.base import BatchCallback, BatchLedger, HistoryStore, StoreStats
 
 __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats"]
 
@@ -94,24 +93,6 @@ _T = TypeVar("_T")
 _Item = tuple[Message, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class StoreStats:
-    """A snapshot of the writer's work since start.
-
-    ``batch_sizes`` maps a power of two ``k`` to the number of batches whose size
-    was in ``[k, 2k)``; ``queue_depth`` counts submissions not yet taken into a batch.
-    """
-
-    batches_committed: int
-    messages_committed: int
-    batches_failed: int
-    messages_failed: int
-    max_batch_size: int
-    last_batch_size: int
-    queue_depth: int
-    batch_sizes: dict[int, int]
-
-
 class SqliteHistoryStore(HistoryStore):
     """A :class:`HistoryStore` on one SQLite file, with one writer thread and one reader thread.
 
@@ -152,7 +133,7 @@ class SqliteHistoryStore(HistoryStore):
         if busy_timeout_ms < 0:
             raise ValueError(f"busy_timeout_ms must be 0 or more, not {busy_timeout_ms}")
         self._path = Path(path)
-        self._on_batch = on_batch
+        self._ledger = BatchLedger(on_batch)
         self._synchronous = _SYNCHRONOUS[synchronous]
         self._queue_max = queue_max
         self._batch_max = batch_max
@@ -179,18 +160,6 @@ class SqliteHistoryStore(HistoryStore):
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
         self._last_seq: dict[str, int] = {}
-        self._submitted = 0
-        self._reported = 0
-        self._flush_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = (
-            collections.deque()
-        )
-        self._batches_committed = 0
-        self._messages_committed = 0
-        self._batches_failed = 0
-        self._messages_failed = 0
-        self._max_batch_size = 0
-        self._last_batch_size = 0
-        self._batch_sizes: collections.Counter[int] = collections.Counter()
 
     # ---- life cycle ---------------------------------------------------------
 
@@ -280,17 +249,11 @@ class SqliteHistoryStore(HistoryStore):
                 raise StoreUnavailable("history store overloaded")
             self._queue.append((message, context))
             self._cond.notify()
-        self._submitted += 1
+        self._ledger.submitted()
 
     async def flush(self) -> None:
         """Return once all submitted before the call is committed (or failed) and reported."""
-        target = self._submitted
-        if self._reported >= target:
-            return
-        assert self._loop is not None
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._flush_waiters.append((target, waiter))
-        await waiter
+        await self._ledger.flush()
 
     def last_seq(self, room: str) -> int:
         """The last ``seq`` of ``room`` reported to ``on_batch`` (0 when it has none)."""
@@ -298,16 +261,7 @@ class SqliteHistoryStore(HistoryStore):
 
     def stats(self) -> StoreStats:
         """A snapshot of the batches committed and failed so far and of the queue."""
-        return StoreStats(
-            batches_committed=self._batches_committed,
-            messages_committed=self._messages_committed,
-            batches_failed=self._batches_failed,
-            messages_failed=self._messages_failed,
-            max_batch_size=self._max_batch_size,
-            last_batch_size=self._last_batch_size,
-            queue_depth=len(self._queue),
-            batch_sizes=dict(self._batch_sizes),
-        )
+        return self._ledger.stats(queue_depth=len(self._queue))
 
     def _report(
         self,
@@ -317,30 +271,13 @@ class SqliteHistoryStore(HistoryStore):
         error: StoreError | None,
     ) -> None:
         """On the loop: give the messages their ``seq``, call ``on_batch``, wake flushers."""
-        size = len(items)
         if error is None:
             # Set here rather than in the writer so that loop code never sees a seq
             # before the batch is reported.
             for (message, _), seq in zip(items, seqs, strict=True):
                 message.seq = seq
             self._last_seq.update(room_seqs)
-            self._batches_committed += 1
-            self._messages_committed += size
-        else:
-            self._batches_failed += 1
-            self._messages_failed += size
-        self._last_batch_size = size
-        self._max_batch_size = max(self._max_batch_size, size)
-        self._batch_sizes[1 << (size.bit_length() - 1)] += 1
-        try:
-            self._on_batch(BatchResult(items, error))
-        except Exception:
-            logger.exception("history store: on_batch callback failed for a batch of %d", size)
-        self._reported += size
-        while self._flush_waiters and self._flush_waiters[0][0] <= self._reported:
-            _, waiter = self._flush_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        self._ledger.report(items, error)
 
     # ---- the writer thread ------------------------------------------------------
 

@@ -10,6 +10,11 @@ connection's transport write-buffer size is checked, and past
 dropped if it does not finish the closing handshake within ``CLOSE_TIMEOUT_S``.
 Nobody else waits for it. Replays use :meth:`WebsocketsPeer.send_paced`, which
 waits for the client to read instead.
+
+Every HTTP response, the websocket handshake's included, carries
+``X-Chatlab-Worker: <pid>``, so a client (or a test) can tell which of several
+``WORKERS`` served it. With ``WORKERS`` > 1 the listening socket is the one the
+supervisor bound and handed down (see :mod:`chat_server.supervisor`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -42,6 +49,7 @@ ws_log = logging.getLogger("chat_server.transport.websockets")
 
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_GOING_AWAY = 1001
+WORKER_HEADER = "X-Chatlab-Worker"
 
 
 class OutboundStats:
@@ -117,23 +125,35 @@ class WebsocketsTransport:
     """Serves ``/ws`` (and ``/healthz``, ``/stats``) with the websockets library."""
 
     def __init__(
-        self, settings: Settings, service: ChatService, verifier: TokenVerifier, codec: Codec
+        self,
+        settings: Settings,
+        service: ChatService,
+        verifier: TokenVerifier,
+        codec: Codec,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         self.settings = settings
         self.service = service
         self.verifier = verifier
         self.codec = codec
         self.stats = OutboundStats()
+        self._listen_socket = listen_socket
+        self._worker = str(os.getpid())
         self._server: Server | None = None
 
     async def start(self) -> None:
-        """Listen on ``CHAT_HOST:CHAT_PORT``."""
+        """Listen on ``CHAT_HOST:CHAT_PORT``, or accept on the socket given (WORKERS > 1)."""
         s = self.settings
+        where: dict[str, Any] = (
+            {"host": s.host, "port": s.port}
+            if self._listen_socket is None
+            else {"sock": self._listen_socket}
+        )
         self._server = await serve(
             self._handler,
-            s.host,
-            s.port,
+            **where,
             process_request=self._process_request,
+            process_response=self._process_response,
             select_subprotocol=self._select_subprotocol,
             compression=None,
             extensions=_deflate_extensions(s),
@@ -202,6 +222,11 @@ class WebsocketsTransport:
             )
         connection.chat_user = user  # type: ignore[attr-defined]
         return None
+
+    def _process_response(
+        self, connection: ServerConnection, request: Request, response: Response
+    ) -> None:
+        response.headers[WORKER_HEADER] = self._worker
 
     def _select_subprotocol(self, connection: ServerConnection, subprotocols: Any) -> Any:
         ours = self.codec.subprotocol

@@ -181,3 +181,39 @@ def test_rooms_open_and_close_through_the_broker_seam():
     assert closed == []
     core.close_session(b)
     assert (opened, closed) == (["r"], ["r"])
+
+
+def test_presence_follows_the_shared_view_of_the_room():
+    """With several processes a member sees the shared set plus the local users, once each."""
+    remote: set[str] = {"dave"}  # dave is connected to another process
+    written: list[tuple[str, str]] = []
+    core = ChatCore(
+        CODEC,
+        lambda room: 0,
+        max_body_chars=100,
+        max_protocol_errors=3,
+        rate_limit_per_s=10,
+        rate_limit_burst=5,
+        remote_members=lambda room: remote,
+        presence_changed=lambda room, user: written.append((room, user)),
+    )
+    peers = {}
+    sessions = {}
+    for user in ("alice", "dave"):
+        peers[user] = Peer()
+        sessions[user] = core.open_session(user, peers[user].frames.append, peers[user].close, 0)
+        peers[user].take()
+    core.join(sessions["alice"], Join(room="r"))
+    assert peers["alice"].take() == [Joined(room="r", members=["dave", "alice"], last_seq=0)]
+    remote.add("alice")  # the broker heard alice's own presence back: nobody is told
+    core.remote_presence("r", "alice", True)
+    core.join(sessions["dave"], Join(room="r"))  # dave here too: he was in the view already
+    assert peers["alice"].take() == []
+    core.remote_presence("r", "erin", True)  # erin joined elsewhere
+    assert peers["alice"].take() == [Presence(room="r", user="erin", event="join")]
+    core.leave(sessions["dave"], Leave(room="r"))  # dave is still connected elsewhere
+    assert peers["alice"].take() == []
+    remote.discard("dave")
+    core.remote_presence("r", "dave", False)
+    assert peers["alice"].take() == [Presence(room="r", user="dave", event="leave")]
+    assert written == [("r", "alice"), ("r", "dave"), ("r", "dave")]

@@ -1,4 +1,8 @@
-"""The contract's flows over a real server, for every serializer, both loops, deflate on and off."""
+"""The contract's flows over a real server, for every serializer, both loops, deflate on and off.
+
+One more combination runs the same flows with ``BROKER=redis`` (one process, on a
+private redis-server): history in Redis Streams, delivery through pub/sub.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from chat_server.messages import Ack, History, Joined, Message, Presence, Welcome
-from tests.support import Client, KeyPair, ServerProcess
+from tests.support import Client, KeyPair, RedisProcess, ServerProcess
 
 MATRIX = [
     pytest.param(
@@ -18,6 +22,11 @@ MATRIX = [
     for s, loop, deflate in itertools.product(
         ("json", "orjson", "protobuf"), ("asyncio", "uvloop"), ("on", "off")
     )
+] + [
+    pytest.param(
+        {"serializer": "orjson", "event_loop": "uvloop", "ws_deflate": "off", "broker": "redis"},
+        id="orjson-uvloop-deflate_off-redis",
+    )
 ]
 
 
@@ -25,11 +34,22 @@ MATRIX = [
 def matrix_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, keys: KeyPair
 ) -> Iterator[ServerProcess]:
-    """One server per toggle combination, shared by this module's tests."""
-    server = ServerProcess(tmp_path_factory.mktemp("flows"), keys, **request.param)
-    server.start()
-    yield server
-    assert server.stop() == 0, server.log()
+    """One server per toggle combination (and its Redis, if any), shared by this module's tests."""
+    workdir = tmp_path_factory.mktemp("flows")
+    settings = dict(request.param)
+    redis = None
+    if settings.get("broker") == "redis":
+        redis = RedisProcess(workdir).start()
+        settings["redis_url"] = redis.url
+    server = ServerProcess(workdir, keys, **settings)
+    try:
+        server.start()
+        yield server
+        assert server.stop() == 0, server.log()
+    finally:
+        server.kill()
+        if redis is not None:
+            redis.kill()
 
 
 _rooms = itertools.count()

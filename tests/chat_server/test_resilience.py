@@ -9,22 +9,11 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from chat_server.messages import Ack, Error, Join, Joined, Message, Send, Welcome
-from tests.support import Client, KeyPair, ServerProcess
+from tests.support import Client, KeyPair, ServerProcess, stored_history
 
 
 async def _history_seqs(server: ServerProcess, keys: KeyPair, room: str) -> list[int]:
-    reader = await Client.connect(server, keys.mint("reader"))
-    await reader.expect(Welcome)
-    seqs: list[int] = []
-    before = None
-    while True:
-        page = await reader.history(room, before=before, limit=500)
-        if not page.messages:
-            break
-        seqs[:0] = [m.seq for m in page.messages]
-        before = page.messages[0].seq
-    await reader.close()
-    return seqs
+    return [m.seq for m in await stored_history(server, keys.mint("reader"), room)]
 
 
 async def test_acked_messages_survive_sigkill(start_server, keys: KeyPair, tmp_path):

@@ -56,8 +56,8 @@ BAD_VALUES = {
     "EVENT_LOOP": "trio",
     "WS_DEFLATE": "maybe",
     "CPU_AFFINITY": "999",
-    "WORKERS": "2",  # not built yet
-    "BROKER": "redis",  # not built yet
+    "WORKERS": "2",  # needs BROKER=redis
+    "BROKER": "kafka",
     "TRANSPORT": "picows",  # not built yet
     "PROFILE": "cprofile",  # not built yet
     "REGRESSION": "commit-per-message",
@@ -66,6 +66,8 @@ BAD_VALUES = {
     "JWT_ALGORITHM": "HS256",
     "JWT_PUBLIC_KEY": "missing/key.pem",
     "RATE_LIMIT_PER_S": "-1",
+    "REDIS_URL": "127.0.0.1:6379",
+    "PRESENCE_LEASE_S": "0",
 }
 
 

@@ -1,0 +1,189 @@
+"""One subscribed room's feed from a shared broker, in order, with no I/O.
+
+A process that shares rooms with other processes (``BROKER=redis``) hears of a
+room's committed messages and presence changes from the broker, which may lose
+some (a dropped pub/sub connection) or repeat some (a message published while
+the subscription was being set up is also in the room's snapshot). A
+:class:`RoomFeed` turns what arrives into what the core may act on:
+
+- messages are delivered in ``seq`` order, each exactly once: ``seq <=
+  last_seq`` is a duplicate and dropped; a ``seq`` beyond ``last_seq + 1``
+  opens a *gap*, and everything after it is held until the caller has read the
+  gap from the durable store (:meth:`fill_page`, then :meth:`fill_done`);
+- presence changes carry the room's presence ``version``: old ones are
+  dropped, one that skips a version makes the feed ask for a new snapshot
+  (:attr:`needs_snapshot`), and a snapshot replaces the member set, announcing
+  the differences;
+- until the first :meth:`snapshot` nothing is delivered: the snapshot fixes the
+  ``seq`` the feed starts from.
+
+``last_seq`` is always the last ``seq`` delivered in this process, which is what
+``joined.last_seq`` and the replay seam need. The I/O (subscribing, snapshots,
+reading gaps) belongs to the broker that owns the feed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from chat_server.messages import Message
+
+log = logging.getLogger("chat_server.broker")
+
+#: deliver one message to the room's local members (called in ``seq`` order)
+Deliver = Callable[[Message], None]
+#: the room's ``last_seq`` moved to this value without a delivery (trimmed history, reset)
+Jumped = Callable[[str, int], None]
+#: a user appeared in (True) or vanished from (False) the room's shared member set
+Announce = Callable[[str, str, bool], None]
+
+
+class RoomFeed:
+    """A room's messages and shared member set, as one process has applied them."""
+
+    __slots__ = (
+        "_announce",
+        "_deliver",
+        "_held",
+        "_held_presence",
+        "_jumped",
+        "fill_upto",
+        "last_seq",
+        "members",
+        "needs_snapshot",
+        "room",
+        "synced",
+        "version",
+    )
+
+    def __init__(self, room: str, deliver: Deliver, jumped: Jumped, announce: Announce) -> None:
+        self.room = room
+        self._deliver = deliver
+        self._jumped = jumped
+        self._announce = announce
+        #: False until the first snapshot: everything that arrives is held
+        self.synced = False
+        #: the last seq delivered in this process
+        self.last_seq = 0
+        #: the gap to read from the store is (last_seq, fill_upto] while fill_upto > last_seq
+        self.fill_upto = 0
+        #: the shared member set (every process's users), as of ``version``
+        self.members: dict[str, None] = {}
+        self.version = 0
+        #: a presence change skipped a version: the caller should take a new snapshot
+        self.needs_snapshot = False
+        self._held: list[Message] = []
+        self._held_presence: list[tuple[int, str, bool]] = []
+
+    @property
+    def gap(self) -> tuple[int, int] | None:
+        """``(after, upto)``: the seqs the caller must read from the store, or None."""
+        if self.synced and self.fill_upto > self.last_seq:
+            return self.last_seq, self.fill_upto
+        return None
+
+    # ---- snapshots ---------------------------------------------------------------------
+
+    def snapshot(self, last_seq: int, version: int, members: list[str]) -> None:
+        """Apply the room's state read after subscribing (or resubscribing).
+
+        The first snapshot sets where delivery starts; a later one opens a gap up
+        to ``last_seq`` if messages were missed. The member set is replaced and
+        its differences announced.
+        """
+        if not self.synced:
+            self.synced = True
+            self.last_seq = self.fill_upto = last_seq
+        elif last_seq < self.last_seq:
+            log.error(
+                "room %s: the shared store's seq went back from %d to %d (Redis lost data?); "
+                "continuing from %d",
+                self.room,
+                self.last_seq,
+                last_seq,
+                last_seq,
+            )
+            jumped_from = self.last_seq
+            self.last_seq = self.fill_upto = last_seq
+            self._held.clear()
+            self._jumped(self.room, jumped_from)
+        else:
+            self.fill_upto = max(self.fill_upto, last_seq)
+        old = self.members
+        self.members = dict.fromkeys(members)
+        self.version = version
+        self.needs_snapshot = False
+        for user in old:
+            if user not in self.members:
+                self._announce(self.room, user, False)
+        for user in self.members:
+            if user not in old:
+                self._announce(self.room, user, True)
+        held, self._held_presence = self._held_presence, []
+        for held_version, user, present in held:
+            self.presence(held_version, user, present)
+        self._release_held()
+
+    # ---- messages --------------------------------------------------------------------
+
+    def messages(self, batch: list[Message]) -> None:
+        """Deliver what follows ``last_seq`` in order; drop duplicates; hold after a gap."""
+        if not self.synced or self.fill_upto > self.last_seq:
+            self._held.extend(batch)
+            return
+        self._run(batch)
+
+    def fill_page(self, page: list[Message]) -> None:
+        """Deliver messages read from the store for the gap (ascending; trimmed ones missing)."""
+        deliver = self._deliver
+        for message in page:
+            if self.last_seq < message.seq <= self.fill_upto:
+                self.last_seq = message.seq
+                deliver(message)
+
+    def fill_done(self, upto: int) -> None:
+        """The store holds nothing more up to ``upto``: close the gap, release what was held."""
+        if upto > self.last_seq:
+            self.last_seq = upto
+            self._jumped(self.room, upto)
+        self._release_held()
+
+    def _release_held(self) -> None:
+        if self._held and self.fill_upto <= self.last_seq:
+            held, self._held = self._held, []
+            self._run(held)
+
+    def _run(self, batch: list[Message]) -> None:
+        deliver = self._deliver
+        for i, message in enumerate(batch):
+            seq = message.seq
+            if seq <= self.last_seq:
+                continue
+            if seq != self.last_seq + 1:
+                self.fill_upto = seq - 1
+                self._held.extend(batch[i:])
+                return
+            self.last_seq = self.fill_upto = seq
+            deliver(message)
+
+    # ---- presence ---------------------------------------------------------------------
+
+    def presence(self, version: int, user: str, present: bool) -> None:
+        """Apply one change of the shared member set, in version order."""
+        if not self.synced or self.needs_snapshot:
+            self._held_presence.append((version, user, present))
+            return
+        if version <= self.version:
+            return
+        if version != self.version + 1:
+            self.needs_snapshot = True
+            self._held_presence.append((version, user, present))
+            return
+        self.version = version
+        if present and user not in self.members:
+            self.members[user] = None
+            self._announce(self.room, user, True)
+        elif not present and user in self.members:
+            del self.members[user]
+            self._announce(self.room, user, False)

@@ -1,0 +1,532 @@
+"""Durable room history in Redis Streams, shared by every process on every machine.
+
+With ``BROKER=redis`` this store replaces SQLite, on one Redis (a primary, with
+replicas if wanted; not Redis Cluster: the presence scripts touch keys of several
+rooms). Give it ``maxmemory-policy noeviction``: evicting a stream loses history
+(a lost ``seq`` key alone is recovered from its stream's last ID). Each room has
+three keys (the ``{room}`` hash tag keeps them in one slot):
+
+``chat:{room}:seq``
+    the room's last ``seq``;
+``chat:{room}:log``
+    a stream holding the room's messages, entry ID ``<seq>-0``, so ``XRANGE``
+    and ``XREVRANGE`` select by ``seq`` and ``XTRIM MINID`` keeps the newest
+    ``HISTORY_MAX`` exactly; one field ``m``, the message as a JSON array
+    ``[user, body, ts, ref]``;
+``chat:{room}:commit:<writer>``
+    the last batch this process committed to the room (``"<batch> <first seq>"``,
+    expiring after a day): it makes each batch run at most once (see Outages).
+
+**One atomic step.** A batch from the group commit becomes one pipeline holding
+one ``EVALSHA`` per room; the script (:data:`COMMIT_SCRIPT`) numbers the
+room's messages from its ``seq`` key, appends them to the stream, trims it,
+records the commit marker and ``PUBLISH``\\ es them to the room's channel as one
+payload ``M<first seq> [entry, ...]``. A script runs atomically, so every
+subscriber sees a room's messages in ``seq`` order with nothing between
+numbering and publishing, and a failed script numbers nothing (it checks that
+the stream accepts the first ID before it writes anything).
+
+**Acks.** ``on_batch`` reports a message committed only after Redis answered the
+pipeline; broadcasting to this process's members is the broker's job (it hears
+the published payload). With ``appendfsync always`` Redis writes and fsyncs the
+AOF before it sends any reply or published message of that event-loop turn, so
+what was acked or seen survives a crash of Redis; with ``everysec`` up to about
+a second of acked messages can be lost when Redis itself (not the chat server)
+crashes; without AOF or RDB, a Redis restart loses the history.
+
+**Outages.** A pipeline that fails with a connection error is *in doubt*: its
+scripts may have run, or may still run. The store sends the same batch again,
+with backoff, for up to :data:`IN_DOUBT_WAIT_S`; the commit marker makes the
+script idempotent (a batch that ran already answers its first ``seq`` again and
+writes nothing; one older than the marker's is refused), so each message is
+stored once and acked as soon as Redis answers. Only if Redis stays away longer
+is the batch answered ``unavailable``, and then it may still be stored if the
+lost request reaches Redis before any later batch of this process does. While
+Redis is unreachable, ``submit`` raises ``StoreUnavailable`` at once, and a
+probe reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    BusyLoadingError,
+    MasterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from chat_server.errors import StoreError, StoreUnavailable
+from chat_server.messages import Message
+from chat_server.store.base import BatchCallback, BatchLedger, HistoryStore, StoreStats
+
+__all__ = [
+    "COMMIT_SCRIPT",
+    "Entry",
+    "RedisHistoryStore",
+    "connect_redis",
+    "decode_published",
+    "raise_if_cancelled",
+    "read_range",
+    "room_channel",
+]
+
+log = logging.getLogger("chat_server.store")
+
+#: how long a batch whose reply was lost waits for Redis to come back and settle it
+IN_DOUBT_WAIT_S: Final = 10.0
+#: bounds of the reconnect backoff (seconds, doubled with jitter after each failure)
+BACKOFF_MIN_S: Final = 0.05
+BACKOFF_MAX_S: Final = 1.0
+#: how long closing waits for a background task to end after cancelling it
+CLOSE_WAIT_S: Final = 2.0
+#: connection errors: the request may or may not have reached Redis
+CONNECTION_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+#: replies saying Redis did not run a command but may later (answered ``unavailable``)
+TRANSIENT_ERRORS: Final = (
+    BusyLoadingError,
+    MasterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    TryAgainError,
+)
+
+COMMIT_SCRIPT: Final = """
+-- KEYS[1] the room's seq, KEYS[2] its stream, KEYS[3] this writer's commit marker
+-- ARGV[1] the room's channel, ARGV[2] the batch number (rising with each batch of this
+-- writer), ARGV[3] HISTORY_MAX (0: all), ARGV[4..] the messages as JSON arrays
+-- [user, body, ts, ref]. Returns the first seq given to the messages.
+local marker = redis.call('GET', KEYS[3])
+if marker then
+  -- this batch ran already (a retry after a lost reply): answer as it did, write nothing;
+  -- an older batch arriving late must not run after a newer one did
+  local done, done_first = string.match(marker, '^(%d+) (%d+)$')
+  if tonumber(done) == tonumber(ARGV[2]) then return tonumber(done_first) end
+  if tonumber(done) > tonumber(ARGV[2]) then
+    return redis.error_reply('STALE batch ' .. ARGV[2] .. ' arrived after batch ' .. done)
+  end
+end
+local last_seq = redis.call('GET', KEYS[1])
+if not last_seq and redis.call('EXISTS', KEYS[2]) == 1 then
+  -- the seq key is gone but the stream is not: go on after the stream's last ID
+  local info = redis.call('XINFO', 'STREAM', KEYS[2])
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then last_seq = string.match(info[i + 1], '^(%d+)') end
+  end
+end
+local first = tonumber(last_seq or '0') + 1
+local n = #ARGV - 3
+-- the first XADD fails (and the script stops) before anything is written if the
+-- stream is ahead of the seq key; the later ones cannot fail after it succeeded
+for i = 0, n - 1 do
+  redis.call('XADD', KEYS[2], string.format('%d-0', first + i), 'm', ARGV[4 + i])
+end
+local last = first + n - 1
+redis.call('SET', KEYS[1], string.format('%d', last))
+local keep = tonumber(ARGV[3])
+if keep > 0 and last > keep then
+  redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', last - keep + 1))
+end
+redis.call('SET', KEYS[3], ARGV[2] .. ' ' .. string.format('%d', first), 'EX', 86400)
+redis.call('PUBLISH', ARGV[1],
+  'M' .. string.format('%d', first) .. ' [' .. table.concat(ARGV, ',', 4) .. ']')
+return first
+"""
+
+
+class Entry(msgspec.Struct, array_like=True):
+    """A stored message without its room and seq: ``[user, body, ts, ref]``."""
+
+    user: str
+    body: str
+    ts: int
+    ref: str | None = None
+
+
+_encode_entry = msgspec.json.Encoder().encode
+_decode_entry = msgspec.json.Decoder(Entry).decode
+_decode_entries = msgspec.json.Decoder(list[Entry]).decode
+
+
+def seq_key(room: str) -> str:
+    """The key holding ``room``'s last seq."""
+    return f"chat:{{{room}}}:seq"
+
+
+def stream_key(room: str) -> str:
+    """The stream holding ``room``'s messages."""
+    return f"chat:{{{room}}}:log"
+
+
+def commit_key(room: str, writer: str) -> str:
+    """The marker of ``writer``'s last commit to ``room``."""
+    return f"chat:{{{room}}}:commit:{writer}"
+
+
+def room_channel(room: str) -> str:
+    """The pub/sub channel of ``room``: committed messages and presence changes."""
+    return f"chat:{{{room}}}"
+
+
+def channel_room(channel: bytes) -> str:
+    """The room of a channel named by :func:`room_channel`."""
+    return channel[6:-1].decode()
+
+
+def decode_published(room: str, data: bytes) -> list[Message]:
+    """The messages of a ``M<first seq> [entry, ...]`` payload published by the commit script."""
+    head, _, body = data.partition(b" ")
+    seq = int(head[1:])
+    return [
+        Message(room=room, seq=seq + i, user=e.user, body=e.body, ts=e.ts, ref=e.ref)
+        for i, e in enumerate(_decode_entries(body))
+    ]
+
+
+def _stream_messages(room: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Message]:
+    """Turn ``XRANGE`` entries (ID ``<seq>-0``, field ``m``) into messages of ``room``."""
+    messages = []
+    for entry_id, fields in entries:
+        e = _decode_entry(fields[b"m"])
+        seq = int(entry_id.partition(b"-")[0])
+        messages.append(Message(room=room, seq=seq, user=e.user, body=e.body, ts=e.ts, ref=e.ref))
+    return messages
+
+
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if this task was cancelled and the cancellation got lost.
+
+    redis-py can swallow a cancellation that lands inside a pipeline's clean-up
+    and return normally; a loop that goes on to wait again would then never end.
+    Long-lived loops call this before each wait.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def connect_redis(url: str) -> Redis:
+    """A client for ``url`` that never retries by itself (a retried write could run twice)."""
+    return Redis.from_url(
+        url,
+        retry=Retry(NoBackoff(), 0),
+        socket_connect_timeout=2,
+        socket_timeout=5,
+        health_check_interval=10,
+    )
+
+
+async def read_range(client: Redis, room: str, after: int, upto: int, count: int) -> list[Message]:
+    """Up to ``count`` stored messages with ``after < seq <= upto``, ascending."""
+    if upto <= after:
+        return []
+    start = "-" if after < 0 else str(after + 1)
+    entries = await client.xrange(stream_key(room), start, str(upto), count=count)
+    return _stream_messages(room, entries)
+
+
+_Item = tuple[Message, Any]
+
+
+class RedisHistoryStore(HistoryStore):
+    """A :class:`HistoryStore` on Redis Streams with group commit through one writer task.
+
+    ``submit`` queues at most ``queue_max`` messages (beyond that, or while Redis
+    is unreachable, it raises ``StoreUnavailable`` and queues nothing); the writer
+    takes up to ``batch_max`` at a time into one pipeline, so whatever queued while
+    the previous pipeline was out goes into the next. ``writer`` names this process
+    in the commit markers and must be unique among the processes sharing Redis.
+    Every method is called from the event loop that called :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Redis,
+        writer: str,
+        on_batch: BatchCallback,
+        queue_max: int = 10000,
+        batch_max: int = 1000,
+        history_max: int = 0,
+    ) -> None:
+        """Configure the store; nothing is connected until :meth:`start`."""
+        if queue_max < 1 or batch_max < 1 or history_max < 0:
+            raise ValueError("queue_max and batch_max must be at least 1, history_max 0 or more")
+        self._client = client
+        self._writer_name = writer
+        self._ledger = BatchLedger(on_batch)
+        self._queue_max = queue_max
+        self._batch_max = batch_max
+        self._history_max = str(history_max)
+        self._started = False
+        self._sha = ""
+        self._queue: deque[_Item] = deque()
+        self._wakeup = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._closed = False
+        self._reachable = True
+        self._batch_no = 0
+        self._last_seq: dict[str, int] = {}
+
+    # ---- life cycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the commit script and start the writer; StoreUnavailable if Redis is unreachable."""
+        if self._started or self._closed:
+            raise StoreError("history store already started (or closed)")
+        self._started = True
+        try:
+            self._sha = await self._client.script_load(COMMIT_SCRIPT)
+        except (RedisError, OSError) as exc:
+            self._closed = True
+            raise StoreUnavailable(f"cannot reach Redis: {exc}") from exc
+        self._writer = asyncio.create_task(self._write_batches(), name="chat-history-writer")
+        self._accepting = True
+
+    async def close(self) -> None:
+        """Stop accepting and flush (an in-doubt batch waits a bounded time); keeps the client."""
+        if self._closed:
+            return
+        self._accepting = False
+        self._closed = True
+        self._wakeup.set()
+        if self._writer is not None:
+            await self._writer
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.wait([self._probe], timeout=CLOSE_WAIT_S)
+
+    # ---- writes ----------------------------------------------------------------------
+
+    def submit(self, message: Message, context: Any) -> None:
+        """Queue ``message`` (``seq`` 0) for the next group commit; never blocks.
+
+        Raises ``StoreUnavailable`` and queues nothing when the store is not
+        started or closing, Redis is known to be unreachable, or ``queue_max``
+        messages already wait.
+        """
+        if not self._accepting:
+            raise StoreUnavailable(f"history store {'closed' if self._closed else 'not started'}")
+        if not self._reachable:
+            raise StoreUnavailable("history store unavailable: Redis is unreachable")
+        if len(self._queue) >= self._queue_max:
+            raise StoreUnavailable("history store overloaded")
+        self._queue.append((message, context))
+        self._ledger.submitted()
+        self._wakeup.set()
+
+    async def flush(self) -> None:
+        """Return once all submitted before the call is committed (or failed) and reported."""
+        await self._ledger.flush()
+
+    def last_seq(self, room: str) -> int:
+        """The last ``seq`` this process committed to ``room`` (other processes' are not seen)."""
+        return self._last_seq.get(room, 0)
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the batches committed and failed so far and of the queue."""
+        return self._ledger.stats(queue_depth=len(self._queue))
+
+    async def _write_batches(self) -> None:
+        """The writer task: one pipeline at a time, until closed and the queue is empty."""
+        queue = self._queue
+        while True:
+            while not queue:
+                if self._closed:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            batch = [queue.popleft() for _ in range(min(len(queue), self._batch_max))]
+            try:
+                await self._commit(batch)
+            except Exception:
+                log.exception("history store: a batch of %d failed unexpectedly", len(batch))
+                self._ledger.report(batch, StoreError("history store failed"))
+
+    async def _commit(self, batch: list[_Item]) -> None:
+        """Commit ``batch`` (one script call per room) and report committed and failed parts."""
+        rooms: dict[str, list[_Item]] = {}
+        for item in batch:
+            rooms.setdefault(item[0].room, []).append(item)
+        self._batch_no += 1
+        token = str(self._batch_no)
+        groups = list(rooms.items())
+        if not self._reachable:
+            self._ledger.report(batch, StoreUnavailable("history store unavailable: Redis down"))
+            return
+        try:
+            results = await self._run_scripts(groups, token)
+        except CONNECTION_ERRORS as exc:
+            self._went_down(exc)
+            results = await self._retry_in_doubt(groups, token)
+        committed: list[_Item] = []
+        failed: list[_Item] = []
+        error: StoreError | None = None
+        for (room, items), result in zip(groups, results, strict=True):
+            if isinstance(result, int):
+                for i, (message, _) in enumerate(items):
+                    message.seq = result + i
+                self._last_seq[room] = result + len(items) - 1
+                committed.extend(items)
+            else:
+                failed.extend(items)
+                error = result
+        if committed:
+            self._ledger.report(committed, None)
+        if failed:
+            assert error is not None
+            self._ledger.report(failed, error)
+
+    async def _run_scripts(
+        self, groups: list[tuple[str, list[_Item]]], token: str
+    ) -> list[int | StoreError]:
+        """One pipeline of commit scripts; loads the script again if Redis lost it."""
+        results: list[int | StoreError | None] = [None] * len(groups)
+        todo = list(range(len(groups)))
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for index in todo:
+                room, items = groups[index]
+                pipe.evalsha(
+                    self._sha,
+                    3,
+                    seq_key(room),
+                    stream_key(room),
+                    commit_key(room, self._writer_name),
+                    room_channel(room),
+                    token,
+                    self._history_max,
+                    *[_encode_entry(_entry(message)) for message, _ in items],
+                )
+            replies = await pipe.execute(raise_on_error=False)
+            missing = []
+            for index, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, NoScriptError):
+                    missing.append(index)
+                elif isinstance(reply, TRANSIENT_ERRORS) or str(reply).startswith("BUSY"):
+                    # Redis refused before running it (loading, read-only, out of memory)
+                    log.warning("history store: Redis refused a commit: %s", reply)
+                    results[index] = StoreUnavailable(f"history store unavailable: {reply}")
+                elif isinstance(reply, Exception):
+                    log.error("history store: commit to %s failed: %s", groups[index][0], reply)
+                    results[index] = StoreError(f"history store failed: {reply}")
+                else:
+                    results[index] = int(reply)
+            if not missing:
+                break
+            # Redis restarted without the script: nothing of these ran; load it and retry
+            self._sha = await self._client.script_load(COMMIT_SCRIPT)
+            todo = missing
+        return [
+            StoreError("history store failed: script missing") if r is None else r for r in results
+        ]
+
+    async def _retry_in_doubt(self, groups: list[tuple[str, list[_Item]]], token: str) -> list[Any]:
+        """Send a batch whose reply was lost again (the script runs it at most once)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + IN_DOUBT_WAIT_S
+        delay = BACKOFF_MIN_S
+        while loop.time() + delay <= deadline:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+            try:
+                results = await self._run_scripts(groups, token)
+            except CONNECTION_ERRORS:
+                continue
+            log.info("history store: an in-doubt batch was settled after Redis came back")
+            self._came_back()
+            return results
+        log.warning(
+            "history store: a batch of %d stayed in doubt (Redis unreachable for %.0f s): "
+            "answered unavailable, though it may yet be stored",
+            sum(len(items) for _, items in groups),
+            IN_DOUBT_WAIT_S,
+        )
+        return [StoreUnavailable("history store unavailable: Redis unreachable")] * len(groups)
+
+    def _went_down(self, exc: BaseException) -> None:
+        """Refuse submits until a probe reaches Redis again."""
+        if self._reachable:
+            log.warning("history store: Redis unreachable (%s); refusing sends meanwhile", exc)
+            self._reachable = False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._reconnect(), name="chat-history-probe")
+
+    async def _reconnect(self) -> None:
+        """PING with backoff until Redis answers, then accept submits again."""
+        delay = BACKOFF_MIN_S
+        while True:
+            raise_if_cancelled()
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            try:
+                await self._client.ping()
+            except CONNECTION_ERRORS:
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            except RedisError as exc:
+                log.warning("history store: Redis answered the probe with %s", exc)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            self._came_back()
+            return
+
+    def _came_back(self) -> None:
+        if not self._reachable:
+            log.info("history store: Redis reachable again; accepting sends")
+            self._reachable = True
+
+    # ---- reads -------------------------------------------------------------------------
+
+    async def _read(self, call: Callable[[], Any]) -> Any:
+        """Run a read; map Redis trouble to ``StoreUnavailable`` / ``StoreError``."""
+        if not self._started or self._closed:
+            raise StoreUnavailable("history store closed" if self._closed else "not started")
+        try:
+            return await call()
+        except CONNECTION_ERRORS as exc:
+            self._went_down(exc)
+            raise StoreUnavailable(f"history store unavailable: {exc}") from exc
+        except RedisError as exc:
+            raise StoreError(f"history store failed: {exc}") from exc
+
+    async def history(self, room: str, before: int | None, limit: int) -> list[Message]:
+        """The latest ``limit`` messages with ``seq < before`` (no bound when None), ascending."""
+        if limit <= 0 or (before is not None and before <= 1):
+            return []
+        end = "+" if before is None else str(before - 1)
+        entries = await self._read(
+            lambda: self._client.xrevrange(stream_key(room), end, "-", count=limit)
+        )
+        entries.reverse()
+        return _stream_messages(room, entries)
+
+    async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
+        """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
+        if limit <= 0:
+            return []
+        start = "-" if after_seq < 0 else str(after_seq + 1)
+        entries = await self._read(
+            lambda: self._client.xrange(stream_key(room), start, "+", count=limit)
+        )
+        return _stream_messages(room, entries)
+
+
+def _entry(message: Message) -> Entry:
+    return Entry(message.user, message.body, message.ts, message.ref)

@@ -1,0 +1,95 @@
+"""RoomFeed without Redis: seq order, duplicates, gaps filled from the store, presence versions."""
+
+from __future__ import annotations
+
+from chat_server.broker.feed import RoomFeed
+from chat_server.messages import Message
+
+
+def msg(seq: int, room: str = "r") -> Message:
+    return Message(room=room, seq=seq, user="u", body=f"m{seq}", ts=1)
+
+
+class Recorder:
+    """The feed's callbacks, recorded."""
+
+    def __init__(self) -> None:
+        self.delivered: list[int] = []
+        self.jumps: list[int] = []
+        self.announced: list[tuple[str, bool]] = []
+
+    def feed(self) -> RoomFeed:
+        return RoomFeed(
+            "r",
+            lambda m: self.delivered.append(m.seq),
+            lambda room, seq: self.jumps.append(seq),
+            lambda room, user, present: self.announced.append((user, present)),
+        )
+
+
+def test_nothing_is_delivered_before_the_snapshot_and_duplicates_are_dropped():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.messages([msg(4), msg(5)])  # heard while subscribing: 4 was already in the snapshot
+    assert rec.delivered == []
+    feed.snapshot(4, 0, [])
+    assert rec.delivered == [5]
+    feed.messages([msg(5), msg(6)])
+    assert rec.delivered == [5, 6]
+    assert feed.last_seq == 6 and feed.gap is None
+
+
+def test_a_gap_holds_later_messages_until_it_is_filled_from_the_store():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(2, 0, [])
+    feed.messages([msg(5), msg(6)])  # 3 and 4 were missed
+    assert rec.delivered == [] and feed.gap == (2, 4)
+    feed.messages([msg(7)])  # still held behind the gap
+    feed.fill_page([msg(3), msg(4)])
+    assert rec.delivered == [3, 4]
+    feed.fill_done(4)
+    assert rec.delivered == [3, 4, 5, 6, 7]
+    assert feed.gap is None and feed.last_seq == 7
+
+
+def test_a_gap_the_store_no_longer_holds_is_jumped_over():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(1, 0, [])
+    feed.messages([msg(10)])
+    feed.fill_page([msg(8), msg(9)])  # 2..7 were trimmed (HISTORY_MAX)
+    feed.fill_done(9)
+    assert rec.delivered == [8, 9, 10]
+    rec.delivered.clear()
+    feed.messages([msg(13)])
+    feed.fill_done(12)  # nothing at all left of 11..12
+    assert rec.jumps == [12] and rec.delivered == [13]
+
+
+def test_a_resnapshot_after_a_reconnect_opens_the_gap_of_what_was_missed():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(3, 0, [])
+    feed.snapshot(6, 0, [])  # published while the connection was down
+    assert feed.gap == (3, 6)
+    feed.messages([msg(7)])
+    feed.fill_page([msg(4), msg(5), msg(6)])
+    feed.fill_done(6)
+    assert rec.delivered == [4, 5, 6, 7]
+
+
+def test_presence_applies_in_version_order_and_a_skip_asks_for_a_snapshot():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.presence(1, "early", True)  # before the snapshot: held, then dropped as old
+    feed.snapshot(0, 1, ["early"])
+    assert rec.announced == [("early", True)]
+    feed.presence(2, "bob", True)
+    feed.presence(2, "bob", True)  # a duplicate
+    assert rec.announced[1:] == [("bob", True)]
+    feed.presence(4, "carol", True)  # version 3 was missed
+    assert feed.needs_snapshot and "carol" not in feed.members
+    feed.snapshot(0, 3, ["early"])  # bob left at version 3
+    assert rec.announced[2:] == [("bob", False), ("carol", True)]
+    assert list(feed.members) == ["early", "carol"] and feed.version == 4

@@ -1,0 +1,382 @@
+"""Several workers on Redis: shared rooms, a killed worker, a restarted Redis, start-up refusals.
+
+Real processes throughout: a private redis-server per test, the chat server as
+``python -m chat_server`` with ``WORKERS=2`` (a supervisor and two workers on one
+socket), real websocket clients that learn their worker from the handshake's
+``X-Chatlab-Worker`` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+from websockets.exceptions import ConnectionClosed
+
+from chat_server.messages import Ack, Error, Message, Presence, Welcome
+from chat_server.settings import SPECS
+from tests.support import (
+    ROOT,
+    Client,
+    KeyPair,
+    RedisProcess,
+    ServerProcess,
+    free_port,
+    stored_history,
+)
+
+WORKER_HEADER = "X-Chatlab-Worker"
+NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}
+
+
+def start_workers(
+    start_server: Callable[..., ServerProcess], redis: RedisProcess, **settings: Any
+) -> ServerProcess:
+    """WORKERS=2 on BROKER=redis, without rate limits."""
+    return start_server(
+        workers=2, broker="redis", redis_url=redis.url, event_loop="uvloop", **NO_LIMITS, **settings
+    )
+
+
+async def connect_to(
+    server: ServerProcess,
+    keys: KeyPair,
+    user: str,
+    *,
+    on: int | None = None,
+    not_on: int | None = None,
+) -> tuple[Client, int]:
+    """Connect (again and again) until the connection lands on the wanted worker; its pid."""
+    for _ in range(300):
+        client = await Client.connect(server, keys.mint(user))
+        pid = int(client.conn.response.headers[WORKER_HEADER])
+        if (on is None or pid == on) and (not_on is None or pid != not_on):
+            await client.expect(Welcome)
+            return client, pid
+        await client.close()
+        await asyncio.sleep(0.05)  # a restarted or starting worker may not accept yet
+    raise AssertionError(f"no connection of {user} landed on the wanted worker")
+
+
+class Inbox:
+    """Everything a client receives, read in the background, with a way to wait for a state."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.frames: list[Any] = []
+        self.closed = False
+        self._changed = asyncio.Event()
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                self.frames.append(await self.client.recv(timeout_s=3600))
+                self._changed.set()
+        except ConnectionClosed:
+            self.closed = True
+            self._changed.set()
+
+    async def wait_for(self, condition: Callable[[], bool], timeout_s: float = 30) -> None:
+        """Return once ``condition()`` holds; fail after ``timeout_s``."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not condition():
+            self._changed.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            assert remaining > 0, f"timed out; last frames: {self.frames[-5:]}"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def of(self, kind: type) -> list[Any]:
+        """The frames of one kind, in arrival order."""
+        return [frame for frame in self.frames if isinstance(frame, kind)]
+
+    def answers(self) -> dict[str, Any]:
+        """Each ``ref``'s ack or error."""
+        return {f.ref: f for f in self.frames if isinstance(f, (Ack, Error)) and f.ref}
+
+
+def assert_each_ack_follows_its_message(inbox: Inbox) -> None:
+    seen: set[int] = set()
+    for frame in inbox.frames:
+        if isinstance(frame, Message):
+            seen.add(frame.seq)
+        elif isinstance(frame, Ack):
+            assert frame.seq in seen, f"ack {frame.seq} before its message"
+
+
+async def test_two_workers_share_a_room_in_seq_order_with_presence(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    server = start_workers(start_server, redis_server)
+    alice, alice_worker = await connect_to(server, keys, "alice")
+    bob, bob_worker = await connect_to(server, keys, "bob", not_on=alice_worker)
+    room = "shared"
+    assert (await alice.join(room)).members == ["alice"]
+    bob_joined = await bob.join(room)
+    assert "bob" in bob_joined.members
+    alice_inbox, bob_inbox = Inbox(alice), Inbox(bob)
+    # presence crosses workers: alice hears bob arrive; bob has alice in his view either way
+    await alice_inbox.wait_for(
+        lambda: Presence(room=room, user="bob", event="join") in alice_inbox.frames
+    )
+    if "alice" not in bob_joined.members:
+        await bob_inbox.wait_for(
+            lambda: Presence(room=room, user="alice", event="join") in bob_inbox.frames
+        )
+
+    n = 150
+    for i in range(n):
+        await alice.say(room, f"a{i}", ref=f"a{i}")
+        await bob.say(room, f"b{i}", ref=f"b{i}")
+    for inbox in (alice_inbox, bob_inbox):
+        await inbox.wait_for(lambda inbox=inbox: len(inbox.of(Message)) >= 2 * n)
+        await inbox.wait_for(lambda inbox=inbox: len(inbox.of(Ack)) >= n)
+        messages = inbox.of(Message)
+        # every message once, in seq order, no gap, whichever worker committed it
+        assert [m.seq for m in messages] == list(range(1, 2 * n + 1))
+        for who in ("a", "b"):
+            sent = [f"{who}{i}" for i in range(n)]
+            assert [m.body for m in messages if m.body[0] == who] == sent
+        assert_each_ack_follows_its_message(inbox)
+    assert {a.ref for a in alice_inbox.of(Ack)} == {f"a{i}" for i in range(n)}
+
+    # history is the same from either worker
+    for worker in (alice_worker, bob_worker):
+        reader, _ = await connect_to(server, keys, "reader", on=worker)
+        page = await reader.history(room, limit=500)
+        assert [m.seq for m in page.messages] == list(range(1, 2 * n + 1))
+        await reader.close()
+
+    await bob.close()
+    await alice_inbox.wait_for(
+        lambda: Presence(room=room, user="bob", event="leave") in alice_inbox.frames
+    )
+    assert server.stop() == 0, server.log()
+
+
+async def test_sigkill_of_a_worker_loses_nothing_acked_and_its_users_leave(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    server = start_workers(start_server, redis_server, presence_lease_s=2)
+    observer, observer_worker = await connect_to(server, keys, "observer")
+    carol, victim = await connect_to(server, keys, "carol", not_on=observer_worker)
+    ghost, _ = await connect_to(server, keys, "ghost", on=victim)
+    room = "kill"
+    for client in (observer, carol, ghost):
+        await client.join(room)
+    observer_inbox, carol_inbox, _ghost_inbox = Inbox(observer), Inbox(carol), Inbox(ghost)
+
+    async def carol_talks() -> None:
+        try:
+            for i in range(100000):
+                await carol.say(room, f"c{i}", ref=f"c{i}")
+                await asyncio.sleep(0.002)
+        except ConnectionClosed:
+            return
+
+    talking = asyncio.create_task(carol_talks())
+    await carol_inbox.wait_for(lambda: len(carol_inbox.of(Ack)) >= 50)
+    os.kill(victim, signal.SIGKILL)  # under traffic
+    await talking
+    await carol_inbox.wait_for(lambda: carol_inbox.closed)
+    acked = {ack.seq for ack in carol_inbox.of(Ack)}
+    carol_last_seen = carol_inbox.of(Message)[-1].seq
+
+    # the supervisor starts a new worker in the dead one's seat
+    deadline = time.monotonic() + 30
+    while not (len(pids := server.worker_pids()) == 2 and victim not in pids):
+        assert time.monotonic() < deadline, server.log()
+        await asyncio.sleep(0.1)
+    assert "restarting in" in server.log()
+
+    # the killed worker's users vanish from the others' view once its lease runs out
+    await observer_inbox.wait_for(
+        lambda: Presence(room=room, user="ghost", event="leave") in observer_inbox.frames
+    )
+    # the room goes on meanwhile
+    for i in range(20):
+        await observer.say(room, f"o{i}", ref=f"o{i}")
+    await observer_inbox.wait_for(
+        lambda: all(f"o{i}" in observer_inbox.answers() for i in range(20))
+    )
+    assert all(isinstance(a, Ack) for a in observer_inbox.answers().values())
+    acked |= {a.seq for a in observer_inbox.of(Ack)}
+
+    # carol comes back on any worker with since: she misses nothing, sees nothing twice
+    carol, _ = await connect_to(server, keys, "carol")
+    joined = await carol.join(room, since=carol_last_seen)
+    replayed = []
+    while len(replayed) < joined.last_seq - carol_last_seen:
+        replayed.append((await carol.expect(Message, skip=(Presence,))).seq)
+    assert replayed == list(range(carol_last_seen + 1, joined.last_seq + 1))
+
+    # the surviving worker delivered the room without a gap, and every ack is stored
+    observed = [m.seq for m in observer_inbox.of(Message)]
+    assert observed == list(range(1, len(observed) + 1))
+    stored = [m.seq for m in await stored_history(server, keys.mint("reader"), room)]
+    assert stored == list(range(1, len(stored) + 1))
+    assert acked <= set(stored), sorted(acked - set(stored))[:10]
+    assert server.stop() == 0, server.log()
+
+
+async def test_redis_restart_answers_unavailable_then_resumes_losing_nothing_acked(
+    start_server: Callable[..., ServerProcess],
+    start_redis: Callable[..., RedisProcess],
+    keys: KeyPair,
+):
+    redis = start_redis(appendonly=True)  # appendfsync always: what Redis acked survives
+    server = start_workers(start_server, redis)
+    alice, alice_worker = await connect_to(server, keys, "alice")
+    bob, _ = await connect_to(server, keys, "bob", not_on=alice_worker)
+    room = "outage"
+    await alice.join(room)
+    await bob.join(room)
+    alice_inbox, bob_inbox = Inbox(alice), Inbox(bob)
+    refs = [f"a{i}" for i in range(10)]
+    for ref in refs:
+        await alice.say(room, ref, ref=ref)
+    await alice_inbox.wait_for(lambda: len(alice_inbox.of(Ack)) == 10)
+
+    async def burst() -> None:
+        for i in range(60):
+            refs.append(f"x{i}")
+            await alice.say(room, f"x{i}", ref=f"x{i}")
+            await asyncio.sleep(0.005)
+
+    bursting = asyncio.create_task(burst())
+    await asyncio.sleep(0.1)
+    redis.stop()  # Redis goes away in the middle of the burst
+    await bursting
+    await asyncio.sleep(0.5)
+    refs.append("down")
+    await alice.say(room, "down", ref="down")
+    await asyncio.sleep(1.0)
+    start_redis(appendonly=True, port=redis.port)  # same port, same AOF
+
+    # service resumes by itself: a send is acked again
+    for k in range(150):
+        refs.append(f"p{k}")
+        await alice.say(room, f"p{k}", ref=f"p{k}")
+        await asyncio.sleep(0.2)
+        if any(isinstance(alice_inbox.answers().get(f"p{j}"), Ack) for j in range(k + 1)):
+            break
+    await alice_inbox.wait_for(lambda: all(ref in alice_inbox.answers() for ref in refs))
+    answers = alice_inbox.answers()
+    errors = {ref: a for ref, a in answers.items() if isinstance(a, Error)}
+    acks = {ref: a for ref, a in answers.items() if isinstance(a, Ack)}
+    assert errors, "some sends met the outage"
+    assert {e.code for e in errors.values()} == {"unavailable"}
+    assert "down" in errors
+    assert len([f for f in alice_inbox.frames if isinstance(f, (Ack, Error))]) == len(refs)
+
+    # nothing acked was lost, nothing refused was stored, seq went on from the last stored
+    stored = await stored_history(server, keys.mint("reader"), room)
+    assert [m.seq for m in stored] == list(range(1, len(stored) + 1))
+    assert {m.ref for m in stored} == set(acks)
+    first_probe = min((a.seq for r, a in acks.items() if r.startswith("p")), default=None)
+    assert first_probe == max(a.seq for r, a in acks.items() if not r.startswith("p")) + 1
+    # the other worker resubscribed and caught up: every message, in order, once
+    await bob_inbox.wait_for(lambda: len(bob_inbox.of(Message)) == len(stored))
+    assert [m.seq for m in bob_inbox.of(Message)] == [m.seq for m in stored]
+    assert server.stop() == 0, server.log()
+
+
+def _run(env: dict[str, str], cwd: Path, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in {s.env for s in SPECS}}
+    return subprocess.run(
+        [sys.executable, "-m", "chat_server"],
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
+        cwd=cwd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_workers_above_one_need_the_redis_broker(tmp_path: Path, keys: KeyPair):
+    result = _run({"JWT_PUBLIC_KEY": str(keys.public_path), "WORKERS": "2"}, tmp_path)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "WORKERS" in line and "BROKER=redis" in line
+
+
+def test_unreachable_redis_at_start_exits_2_naming_redis_url(tmp_path: Path, keys: KeyPair):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
+    for workers in ("1", "2"):
+        env = {
+            "JWT_PUBLIC_KEY": str(keys.public_path),
+            "BROKER": "redis",
+            "REDIS_URL": url,
+            "WORKERS": workers,
+            "CHAT_PORT": str(free_port()),
+        }
+        result = _run(env, tmp_path)
+        assert result.returncode == 2, (workers, result.stderr)
+        [line] = result.stderr.strip().splitlines()
+        assert "REDIS_URL" in line and url in line
+
+
+async def test_workers_are_pinned_one_core_each_and_stop_when_the_supervisor_dies(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess
+):
+    usable = sorted(os.sched_getaffinity(0))
+    cores = usable[:2]
+    server = start_workers(
+        start_server, redis_server, cpu_affinity=",".join(map(str, cores)), drain_grace_s=0
+    )
+    deadline = time.monotonic() + 30
+    while len(server.worker_pids()) < 2 or "worker 1 ready" not in server.log():
+        assert time.monotonic() < deadline, server.log()
+        await asyncio.sleep(0.1)
+    workers = [psutil.Process(pid) for pid in server.worker_pids()]
+    # worker i gets core cores[i % len(cores)]
+    assert sorted(w.cpu_affinity() for w in workers) == sorted(
+        [cores[i % len(cores)]] for i in range(2)
+    )
+
+    assert server.proc is not None
+    server.proc.kill()  # the supervisor only: its workers notice and stop by themselves
+    server.proc.wait()
+    _, alive = psutil.wait_procs(workers, timeout=20)
+    assert not alive
+
+
+async def test_subscribers_dropped_by_redis_resubscribe_and_fill_what_they_missed(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    """Redis closing the pub/sub connections (as past client-output-buffer-limit) loses nothing."""
+    server = start_workers(start_server, redis_server)
+    alice, alice_worker = await connect_to(server, keys, "alice")
+    bob, _ = await connect_to(server, keys, "bob", not_on=alice_worker)
+    room = "dropped"
+    await alice.join(room)
+    await bob.join(room)
+    alice_inbox, bob_inbox = Inbox(alice), Inbox(bob)
+    for i in range(5):
+        await alice.say(room, f"m{i}")
+    await bob_inbox.wait_for(lambda: len(bob_inbox.of(Message)) == 5)
+
+    admin = redis.Redis.from_url(redis_server.url)
+    assert admin.client_kill_filter(_type="pubsub") == 2  # one pub/sub connection per worker
+    for i in range(5, 40):
+        await alice.say(room, f"m{i}")  # some are published while nobody listens
+    for inbox in (alice_inbox, bob_inbox):
+        await inbox.wait_for(lambda inbox=inbox: len(inbox.of(Message)) >= 40)
+        assert [m.seq for m in inbox.of(Message)] == list(range(1, 41))
+    await alice_inbox.wait_for(lambda: len(alice_inbox.of(Ack)) == 40)
+    assert server.log().count("pub/sub connection lost") == 2
+    assert admin.pubsub_numsub("chat:{dropped}") == [(b"chat:{dropped}", 2)]
+    admin.close()
+    assert server.stop() == 0, server.log()

@@ -1,0 +1,133 @@
+"""RedisHistoryStore against a real redis-server: numbering, trimming, reads, outages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from redis.exceptions import ResponseError
+
+from chat_server.errors import StoreUnavailable
+from chat_server.messages import Message
+from chat_server.store.base import BatchResult
+from chat_server.store.redis import COMMIT_SCRIPT, RedisHistoryStore, connect_redis
+from tests.support import RedisProcess
+
+StoreFactory = Callable[..., Awaitable[tuple[RedisHistoryStore, list[BatchResult]]]]
+
+
+def make_message(room: str = "lobby", body: str = "hello", ref: str | None = None) -> Message:
+    return Message(room=room, seq=0, user="alice", body=body, ts=1_732_284_000_123, ref=ref)
+
+
+@pytest.fixture
+async def open_store(redis_server: RedisProcess) -> AsyncIterator[StoreFactory]:
+    """Start stores on the test's Redis (keyword overrides allowed); close them afterwards."""
+    opened: list[tuple[RedisHistoryStore, Any]] = []
+
+    async def factory(**overrides: Any) -> tuple[RedisHistoryStore, list[BatchResult]]:
+        results: list[BatchResult] = []
+        client = overrides.pop("client", None) or connect_redis(redis_server.url)
+        writer = f"w{len(opened)}"  # each process has its own name (and commit markers)
+        store = RedisHistoryStore(
+            client=client, writer=writer, on_batch=results.append, **overrides
+        )
+        await store.start()
+        opened.append((store, client))
+        return store, results
+
+    yield factory
+    for store, client in opened:
+        await store.close()
+        await client.aclose()
+
+
+async def test_seq_counts_per_room_across_batches_and_stores(open_store: StoreFactory):
+    first, results = await open_store()
+    second, _ = await open_store()  # another process sharing the Redis
+    for i in range(3):
+        first.submit(make_message("a", f"a{i}"), i)
+    first.submit(make_message("b", "b0"), "b")
+    await first.flush()
+    second.submit(make_message("a", "from the other"), None)
+    await second.flush()
+    assert [(m.room, m.seq, ctx) for r in results for m, ctx in r.items] == [
+        ("a", 1, 0),
+        ("a", 2, 1),
+        ("a", 3, 2),
+        ("b", 1, "b"),
+    ]
+    assert [m.seq for m in await first.after("a", 0, 10)] == [1, 2, 3, 4]
+    assert (await first.history("a", None, 1))[0].body == "from the other"
+
+
+async def test_history_max_trims_exactly_and_reads_page_by_seq(open_store: StoreFactory):
+    store, _ = await open_store(history_max=5)
+    for i in range(1, 13):
+        store.submit(make_message(body=f"m{i}", ref=f"r{i}"), None)
+    await store.flush()
+    assert [m.seq for m in await store.history("lobby", None, 50)] == [8, 9, 10, 11, 12]
+    assert [m.seq for m in await store.history("lobby", 11, 2)] == [9, 10]
+    assert await store.history("lobby", 1, 50) == []
+    assert [m.seq for m in await store.after("lobby", 0, 2)] == [8, 9]
+    assert [(m.body, m.ref) for m in await store.after("lobby", 11, 5)] == [("m12", "r12")]
+
+
+async def test_a_lost_seq_key_continues_after_the_stream(
+    open_store: StoreFactory, redis_server: RedisProcess
+):
+    store, results = await open_store()
+    for _ in range(3):
+        store.submit(make_message(), None)
+    await store.flush()
+    client = connect_redis(redis_server.url)
+    await client.delete("chat:{lobby}:seq")
+    await client.aclose()
+    store.submit(make_message(body="after"), None)
+    await store.flush()
+    assert results[-1].error is None and results[-1].items[0][0].seq == 4
+
+
+async def test_a_batch_runs_at_most_once_whatever_reaches_redis_again(
+    open_store: StoreFactory, redis_server: RedisProcess
+):
+    store, _ = await open_store()
+    client = connect_redis(redis_server.url)
+    script = client.register_script(COMMIT_SCRIPT)
+    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9"]
+
+    async def run(batch: int, *bodies: str) -> Any:
+        entries = [f'["u","{body}",1,null]' for body in bodies]
+        return await script(keys=keys, args=["chat:{r}", str(batch), "0", *entries])
+
+    assert await run(1, "a", "b") == 1
+    assert await run(2, "c") == 3
+    assert await run(2, "c") == 3  # the same batch sent again (its reply was lost): no-op
+    with pytest.raises(ResponseError, match="STALE"):
+        await run(1, "a", "b")  # an old batch arriving late does not run
+    assert [m.body for m in await store.after("r", 0, 10)] == ["a", "b", "c"]
+    await client.aclose()
+
+
+async def test_redis_away_refuses_sends_and_an_in_doubt_batch_commits_once_it_is_back(
+    open_store: StoreFactory, start_redis: Callable[..., RedisProcess]
+):
+    redis = start_redis()
+    store, results = await open_store(client=connect_redis(redis.url))
+    redis.kill()
+    store.submit(make_message(ref="in-doubt"), None)  # its pipeline fails: in doubt
+    await asyncio.sleep(0.3)
+    with pytest.raises(StoreUnavailable):
+        store.submit(make_message(), None)  # the store knows Redis is away
+    with pytest.raises(StoreUnavailable):
+        await store.history("lobby", None, 5)
+    start_redis(port=redis.port)
+    await store.flush()  # the in-doubt batch was sent again and committed
+    assert results[-1].error is None
+    assert [(m.seq, m.ref) for m, _ in results[-1].items] == [(1, "in-doubt")]
+    assert [m.ref for m in await store.after("lobby", 0, 10)] == ["in-doubt"]
+    store.submit(make_message(ref="next"), None)  # accepting again
+    await store.flush()
+    assert results[-1].items[0][0].seq == 2
