@@ -12,7 +12,7 @@ import asyncio
 import collections
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -165,3 +165,18 @@ class HistoryStore(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Flush, then release the database; later submits raise ``StoreUnavailable``."""
+
+
+class LedgerStore(HistoryStore):
+    """Base of the stores that queue submissions and report batches through a BatchLedger."""
+
+    _ledger: BatchLedger
+    _queue: Sized
+
+    async def flush(self) -> None:
+        """Return once all submitted before the call is committed (or failed) and reported."""
+        await self._ledger.flush()
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the batches committed and failed so far and of the queue."""
+        return self._ledger.stats(queue_depth=len(self._queue))

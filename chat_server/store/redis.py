@@ -73,7 +73,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
-from chat_server.store.base import BatchCallback, BatchLedger, HistoryStore, StoreStats
+from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore
 
 __all__ = [
     "COMMIT_SCRIPT",
@@ -243,7 +243,7 @@ async def read_range(client: Redis, room: str, after: int, upto: int, count: int
 _Item = tuple[Message, Any]
 
 
-class RedisHistoryStore(HistoryStore):
+class RedisHistoryStore(LedgerStore):
     """A :class:`HistoryStore` on Redis Streams with group commit through one writer task.
 
     ``submit`` queues at most ``queue_max`` messages (beyond that, or while Redis
@@ -332,17 +332,9 @@ class RedisHistoryStore(HistoryStore):
         self._ledger.submitted()
         self._wakeup.set()
 
-    async def flush(self) -> None:
-        """Return once all submitted before the call is committed (or failed) and reported."""
-        await self._ledger.flush()
-
     def last_seq(self, room: str) -> int:
         """The last ``seq`` this process committed to ``room`` (other processes' are not seen)."""
         return self._last_seq.get(room, 0)
-
-    def stats(self) -> StoreStats:
-        """A snapshot of the batches committed and failed so far and of the queue."""
-        return self._ledger.stats(queue_depth=len(self._queue))
 
     async def _write_batches(self) -> None:
         """The writer task: one pipeline at a time, until closed and the queue is empty."""

@@ -40,7 +40,7 @@ from typing import Any, Final, TypeVar
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
-from chat_server.store.base import BatchCallback, BatchLedger, HistoryStore, StoreStats
+from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
 
 __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats"]
 
@@ -93,7 +93,7 @@ _T = TypeVar("_T")
 _Item = tuple[Message, Any]
 
 
-class SqliteHistoryStore(HistoryStore):
+class SqliteHistoryStore(LedgerStore):
     """A :class:`HistoryStore` on one SQLite file, with one writer thread and one reader thread.
 
     ``submit`` never blocks the loop: it queues at most ``queue_max`` messages
@@ -251,17 +251,9 @@ class SqliteHistoryStore(HistoryStore):
             self._cond.notify()
         self._ledger.submitted()
 
-    async def flush(self) -> None:
-        """Return once all submitted before the call is committed (or failed) and reported."""
-        await self._ledger.flush()
-
     def last_seq(self, room: str) -> int:
         """The last ``seq`` of ``room`` reported to ``on_batch`` (0 when it has none)."""
         return self._last_seq.get(room, 0)
-
-    def stats(self) -> StoreStats:
-        """A snapshot of the batches committed and failed so far and of the queue."""
-        return self._ledger.stats(queue_depth=len(self._queue))
 
     def _report(
         self,
