@@ -55,6 +55,7 @@ async def serve(
     """
     from chat_server.codecs import get_codec, protobuf_backend  # noqa: PLC0415
     from chat_server.errors import BrokerUnavailable, StoreError  # noqa: PLC0415
+    from chat_server.metrics import ChatCollector, MetricsServer  # noqa: PLC0415
     from chat_server.runtime import on_stop_signals, watch_parent  # noqa: PLC0415
     from chat_server.service import ChatService  # noqa: PLC0415
     from chat_server.transport.websockets import (  # noqa: PLC0415
@@ -88,7 +89,16 @@ async def serve(
             return 2 if isinstance(exc, SettingError) else 1
     listen_socket = None if seat is None else seat.listening_socket()
     transport = WebsocketsTransport(settings, service, verifier, codec, listen_socket)
+    metrics = None
+    if settings.metrics_port:
+        metrics = MetricsServer(
+            settings.host,
+            settings.metrics_port,
+            ChatCollector(transport.metrics_snapshot, service.counters),
+        )
     try:
+        if metrics is not None:
+            await metrics.start()
         await transport.start()
     except OSError as exc:
         print(
@@ -97,6 +107,8 @@ async def serve(
         )
         if inline_login is not None:
             await inline_login.stop()
+        if metrics is not None:
+            await metrics.close()
         await service.close()
         return 1
     stop = asyncio.Event()
@@ -132,6 +144,8 @@ async def serve(
     await service.drain()
     await transport.close_all(CLOSE_GOING_AWAY, "server shutting down")
     await service.close()
+    if metrics is not None:
+        await metrics.close()
     if jwks_refresh is not None:
         jwks_refresh.cancel()
     log.info("chat_server stopped")

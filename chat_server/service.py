@@ -47,6 +47,7 @@ from chat_server.errors import (
     StoreError,
 )
 from chat_server.messages import History, HistoryRequest, Join, Leave, Message, Send
+from chat_server.metrics import Counters
 from chat_server.settings import Settings
 from chat_server.store.base import BatchResult, HistoryStore
 from chat_server.store.sqlite import SqliteHistoryStore
@@ -118,6 +119,7 @@ class ChatService:
             **core_wiring,
         )
         self.decode = codec.decode_client
+        self.counters = Counters()
         self.draining = False
         self._paced: dict[Session, SendPaced] = {}
         self._replays: dict[tuple[Session, str], asyncio.Task[None]] = {}
@@ -207,6 +209,7 @@ class ChatService:
         core = self.core
         if session.closed:
             return
+        self.counters.frames_in += 1
         if not core.take_token(session, time.monotonic()):
             core.rate_limited(session, time.monotonic())
             return
@@ -269,10 +272,15 @@ class ChatService:
                 core.store_failed(session, message, error)
             return
         publish = self.broker.publish
-        ack = core.ack
+        ack = self._ack
         for message, session in result.items:
             publish(message)
             ack(session, message)
+
+    def _ack(self, session: Session, message: Message) -> None:
+        """Ack a durable message and count its latency from accept (``ts``) to now."""
+        self.counters.observe_ack_latency_ms(time.time_ns() / 1e6 - message.ts)
+        self.core.ack(session, message)
 
     def _deliver(self, message: Message) -> None:
         self.core.deliver(message)
@@ -296,7 +304,7 @@ class ChatService:
             elif room in core.rooms and last_seq(room) < message.seq:
                 pending[room] = deque([(message, session)])
             else:
-                core.ack(session, message)
+                self._ack(session, message)
 
     def _deliver_shared(self, message: Message) -> None:
         self.core.deliver(message)
@@ -308,7 +316,7 @@ class ChatService:
         waiting = self._pending_acks.get(room)
         if not waiting:
             return
-        ack = self.core.ack
+        ack = self._ack
         while waiting and waiting[0][0].seq <= upto:
             message, session = waiting.popleft()
             ack(session, message)

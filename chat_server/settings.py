@@ -315,8 +315,7 @@ SPECS: tuple[Spec, ...] = (
         "metrics_port",
         "0",
         integer(0, 65535),
-        "Prometheus metrics port (0: off)",
-        not_built=_not(0),
+        "Prometheus metrics on CHAT_HOST:METRICS_PORT/metrics (0: off)",
     ),
     Spec(
         "MAX_FRAME_BYTES",
@@ -497,6 +496,12 @@ class Settings(SpecSettings):
         if self.regression == "deflate_max_window" and not self.ws_deflate:
             raise SettingError(
                 "REGRESSION", self.regression, "deflate_max_window needs WS_DEFLATE=on"
+            )
+        if self.metrics_port and self.workers > 1:
+            raise SettingError(
+                "METRICS_PORT",
+                str(self.metrics_port),
+                "not built yet with WORKERS>1 (one process's metrics only)",
             )
         if self.regression == "auth_inline" and self.workers > 1:
             raise SettingError(

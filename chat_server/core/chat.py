@@ -28,7 +28,7 @@ the view is the local users, and presence is what it always was.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
@@ -140,6 +140,8 @@ class ChatCore:
         self.flood_window_s = rate_limit_burst / rate_limit_per_s
         self.rooms: dict[str, Room] = {}
         self.sessions: set[Session] = set()
+        #: error frames sent, by code (for metrics)
+        self.errors_sent: Counter[str] = Counter()
 
     # ---- connections ---------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class ChatCore:
             self._close(session, CLOSE_POLICY_VIOLATION, f"too many protocol errors ({error.code})")
 
     def _send_error(self, session: Session, code: ErrorCode, detail: str, ref: str | None) -> None:
+        self.errors_sent[code.value] += 1
         session.send(self.encode(Error(code=code.value, detail=detail, ref=ref)))
 
     def _close(self, session: Session, code: int, reason: str) -> None:

@@ -20,6 +20,7 @@ supervisor bound and handed down (see :mod:`chat_server.supervisor`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -55,9 +56,10 @@ WORKER_HEADER = "X-Chatlab-Worker"
 class OutboundStats:
     """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""
 
-    __slots__ = ("peak_outbound_bytes", "slow_consumer_closes")
+    __slots__ = ("frames_out", "peak_outbound_bytes", "slow_consumer_closes")
 
     def __init__(self) -> None:
+        self.frames_out = 0
         self.peak_outbound_bytes = 0
         self.slow_consumer_closes = 0
 
@@ -89,6 +91,7 @@ class WebsocketsPeer:
             return
         self._write(frame)
         self._conn.send_data()
+        self._stats.frames_out += 1
         buffered = self._transport.get_write_buffer_size()
         if buffered > self._stats.peak_outbound_bytes:
             self._stats.peak_outbound_bytes = buffered
@@ -235,6 +238,7 @@ class WebsocketsTransport:
     @staticmethod
     def _json_response(connection: ServerConnection, body: dict[str, Any]) -> Response:
         response = connection.respond(HTTPStatus.OK, json.dumps(body) + "\n")
+        del response.headers["Content-Type"]  # Headers append on assignment
         response.headers["Content-Type"] = "application/json"
         return response
 
@@ -245,6 +249,21 @@ class WebsocketsTransport:
             "max_outbound_bytes": self.settings.max_outbound_bytes,
             "peak_outbound_bytes": self.stats.peak_outbound_bytes,
             "slow_consumer_closes": self.stats.slow_consumer_closes,
+        }
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What the metrics collector reads at scrape time."""
+        connections = self._server.connections if self._server is not None else set()
+        return {
+            "connections": self.service.connections,
+            "rooms": len(self.service.core.rooms),
+            "frames_out": self.stats.frames_out,
+            "errors": dict(self.service.core.errors_sent),
+            "outbound_bytes": sum(
+                c.transport.get_write_buffer_size() for c in connections if c.transport
+            ),
+            "slow_consumer_closes": self.stats.slow_consumer_closes,
+            "store": dataclasses.asdict(self.service.store.stats()),
         }
 
     # ---- connection --------------------------------------------------------------------
