@@ -1,0 +1,169 @@
+"""What a lab run measured: plain dataclasses saved as ``results.json`` beside the report.
+
+The runner fills them, the report reads them; the drivers write :class:`Step` lists as
+JSON that :meth:`Step.from_dict` reads back. Every time is in seconds since the run
+started (``t_s``) unless its name says otherwise; latencies are fan-out latencies in
+milliseconds (scheduled send time to each receive); rates are per second.
+
+Units: ``delivered`` counts ``message`` frames received by room members (acks and
+presence are not counted); ``sent`` counts ``send`` frames the driver put on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+#: the percentiles every latency summary carries, as keys of :attr:`Step.latency_ms`
+PERCENTILES = ("p50", "p90", "p95", "p99", "p999", "max")
+
+#: the headline SLO (fan-out p99 under 100 ms) and the seed report's, shown beside it
+HEADLINE_SLO_MS = {"p99": 100.0}
+SEED_SLO_MS = {"p90": 200.0, "p95": 500.0, "p99": 1000.0}
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without keys ``cls`` does not have (results written by a newer lab load)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass
+class TimePoint:
+    """One second (or one Locust stats-history row) of a driver's view."""
+
+    t_s: float
+    users: int = 0
+    sent_per_s: float = 0.0
+    delivered_per_s: float = 0.0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+
+@dataclass
+class Step:
+    """One load step of one driver: a fixed offered load held for ``duration_s``.
+
+    The fast driver writes one per ``--rates`` value; a Locust run is one step whose
+    ``offered_per_s`` is None (it is closed-loop: users wait between sends).
+    """
+
+    driver: str  # "fast" | "locust"
+    name: str  # e.g. "rate 4000/s" or "profile smoke"
+    connections: int
+    offered_per_s: float | None  # messages/s the schedule asked for (fast driver)
+    duration_s: float
+    sent: int
+    delivered: int
+    expected: int  # sent x room members: what ``delivered`` should reach
+    sent_per_s: float
+    delivered_per_s: float
+    latency_ms: dict[str, float]  # keys: PERCENTILES
+    errors: int = 0  # error frames, failed connections, unexpected closes
+    error_detail: dict[str, int] = field(default_factory=dict)
+    late_sends: int = 0  # sends that left more than 1 ms after their scheduled time
+    max_send_lag_ms: float = 0.0
+    generator_cpu_percent: float | None = None  # mean over the step, of one core
+    generator_limited: bool = False  # CPU > 90 % or sends behind schedule
+    generator_notes: list[str] = field(default_factory=list)
+    timeline: list[TimePoint] = field(default_factory=list)
+    histogram: str = ""  # HDR histogram, base64 (hdrh encode), microseconds; "" if none
+    ack_latency_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Step:
+        """A step from its JSON form."""
+        data = _known(cls, data)
+        data["timeline"] = [TimePoint(**_known(TimePoint, p)) for p in data.get("timeline", [])]
+        return cls(**data)
+
+    def holds(self, slo_ms: dict[str, float]) -> bool:
+        """True when every percentile named in ``slo_ms`` is under its bound and none was lost."""
+        if self.sent == 0 or self.delivered < self.expected:
+            return False
+        return all(self.latency_ms.get(k, float("inf")) < v for k, v in slo_ms.items())
+
+
+@dataclass
+class Sample:
+    """One psutil sample of a process tree: CPU in percent of one core, RSS in bytes."""
+
+    t_s: float
+    cpu_percent: float
+    rss_bytes: int
+
+
+@dataclass
+class Run:
+    """One configuration, started once: its settings, what each driver measured, its samples."""
+
+    config: str  # the configuration's name in the matrix
+    repeat: int  # 0-based: which repetition this is
+    target: str  # "chat" | "relay"
+    env: dict[str, str]  # the server's toggles as given (the .env names)
+    server_cores: list[int] = field(default_factory=list)
+    generator_cores: list[int] = field(default_factory=list)
+    started_s: float = 0.0  # since the lab run started
+    steps: list[Step] = field(default_factory=list)
+    # sample series keyed "server", "generator" (and "auth" when it ran)
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    # the server's own counters (Prometheus scrape): name -> value, at the end of the run
+    metrics: dict[str, float] = field(default_factory=dict)
+    profiles: list[str] = field(default_factory=list)  # snapshot paths, relative to the report
+    status: str = "ok"  # "ok" | "failed" | "interrupted"
+    error: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Run:
+        """A run from its JSON form."""
+        data = _known(cls, data)
+        data["steps"] = [Step.from_dict(s) for s in data.get("steps", [])]
+        data["samples"] = {
+            k: [Sample(**_known(Sample, s)) for s in v] for k, v in data.get("samples", {}).items()
+        }
+        return cls(**data)
+
+
+@dataclass
+class Results:
+    """A whole lab run: the matrix, the machine, and every run in the order it happened."""
+
+    matrix: str
+    started: str  # ISO 8601 local time
+    command: str  # the command line that produced it
+    baseline: str  # the configuration every ratio is taken against
+    aa_pair: list[str]  # two configuration names with identical settings: the noise floor
+    repeat: int
+    machine: dict[str, Any] = field(default_factory=dict)  # cores, python, versions
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> description
+    runs: list[Run] = field(default_factory=list)
+    # driver name -> its ceiling step against a trivial relay (frames/s it can receive)
+    ceilings: dict[str, Step] = field(default_factory=dict)
+    capacity: dict[str, Any] = field(default_factory=dict)  # `lab capacity` output
+    interrupted: bool = False
+    duration_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Results:
+        """Results from their JSON form."""
+        data = _known(cls, data)
+        data["runs"] = [Run.from_dict(r) for r in data.get("runs", [])]
+        data["ceilings"] = {k: Step.from_dict(v) for k, v in data.get("ceilings", {}).items()}
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: Path) -> Results:
+        """Read ``results.json``."""
+        return cls.from_dict(json.loads(path.read_text()))
+
+    def save(self, path: Path) -> None:
+        """Write ``results.json`` (atomically: a reader never sees half a file)."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+    def runs_of(self, config: str) -> list[Run]:
+        """The runs of one configuration, in repeat order."""
+        return [r for r in self.runs if r.config == config]
