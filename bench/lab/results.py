@@ -71,6 +71,9 @@ class Step:
     timeline: list[TimePoint] = field(default_factory=list)
     histogram: str = ""  # HDR histogram, base64 (hdrh encode), microseconds; "" if none
     ack_latency_ms: dict[str, float] = field(default_factory=dict)
+    # when the step's load began, on the samples' clock (seconds since the lab run
+    # started): the report takes CPU and RSS per step from it; None: the whole run's
+    started_s: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
