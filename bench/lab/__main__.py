@@ -1,0 +1,358 @@
+"""``python -m bench.lab``: run a configuration matrix, find capacity, write the report.
+
+Commands:
+  run --matrix NAME       run every configuration of a matrix (bench/matrices/NAME.toml),
+                          --repeat times interleaved; write reports/<time>-NAME/report.md,
+                          report.html, plots and results.json; print the summary table
+  capacity --slo p99=100  climb the offered load on one configuration and on the bare relay
+                          until the SLO breaks; the edge, the ratio, and a capacity plan
+  ceiling                 each driver's own ceiling against a trivial (picows) relay
+  list                    the built-in matrices
+  report RESULTS_JSON     render a report again from a saved results.json
+
+A load measurement owns the machine: the server runs on the first usable core, the
+drivers on the others; close other heavy programs first. Exit status: 0 when the run
+finished (whatever it measured), 1 when a configuration failed, 2 for a bad argument,
+130 after Ctrl-C (what was measured is still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from bench.harness import ROOT
+from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
+from bench.lab.results import HEADLINE_SLO_MS, Results, Step
+
+REPORTS_DIR = ROOT / "reports"
+CEILINGS_PATH = REPORTS_DIR / "ceilings.json"
+
+log = logging.getLogger("bench.lab")
+
+
+def _out_dir(given: str, label: str) -> Path:
+    if given:
+        return Path(given)
+    return REPORTS_DIR / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{label}"
+
+
+def _saved_ceilings() -> dict[str, Step]:
+    """The drivers' ceilings from the last ``python -m bench.lab ceiling``, if any."""
+    try:
+        data = json.loads(CEILINGS_PATH.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: Step.from_dict(v) for k, v in data.items()}
+
+
+def _finish(results: Results, out_dir: Path) -> int:
+    """Write the report, print the summary and the paths; the exit status."""
+    try:
+        from bench.lab.report import summary_table, write_report
+    except ImportError as exc:  # pragma: no cover - the report module is part of the lab
+        print(f"report module missing ({exc}); results in {out_dir / 'results.json'}")
+        return 1
+    md, html = write_report(results, out_dir)
+    print()
+    print(summary_table(results))
+    print(f"\nreport: {md}\n        {html}\nresults: {out_dir / 'results.json'}")
+    if results.interrupted:
+        return 130
+    return 1 if any(r.status == "failed" for r in results.runs) else 0
+
+
+def cmd_list(_args: argparse.Namespace) -> int:
+    """Print the built-in matrices."""
+    for name in available():
+        matrix = load_matrix(name)
+        print(f"{name}: {matrix.description}")
+        print(f"    repeat {matrix.repeat}, ~{matrix.estimate_s(matrix.repeat) / 60:.0f} min")
+        for config in matrix.configs:
+            toggles = " ".join(f"{k}={v}" for k, v in config.env.items()) or config.target
+            print(f"    - {config.name}: {toggles}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a matrix and write its report."""
+    from bench.lab.progress import Progress
+    from bench.lab.runner import run_matrix
+
+    matrix = load_matrix(args.matrix)
+    repeat = args.repeat or matrix.repeat
+    out_dir = _out_dir(args.out, matrix.name)
+    progress = Progress(
+        matrix.estimate_s(repeat),
+        f"lab {matrix.name} x{repeat}",
+        enabled=not args.quiet,
+    )
+    try:
+        results = run_matrix(matrix, repeat, out_dir, progress, ceilings=_saved_ceilings())
+    finally:
+        progress.close()
+    return _finish(results, out_dir)
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """Climb one configuration and the relay; report the edge and the plan."""
+    from bench.lab.capacity import climb, edge, parse_slo, plan
+    from bench.lab.progress import Progress
+    from bench.lab.runner import Lab, machine_facts, split_cores, usable_cores
+
+    slo = parse_slo(args.slo)
+    env = dict(item.split("=", 1) for item in args.env)
+    config = Config(name=args.name or "+".join(env.values()) or "chat", env=env, locust=False)
+    load = Load(
+        connections=args.connections,
+        room_size=args.room_size,
+        rates=(args.start_rate,),
+        step_s=args.step_s,
+        warmup_s=1.0,
+        locust_profile="",
+    )
+    out_dir = _out_dir(args.out, "capacity")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    server_cores, generator_cores = split_cores(usable_cores())
+    configs = [config] + ([] if args.no_relay else [Config(name="relay", target="relay")])
+    results = Results(
+        matrix="capacity",
+        started=datetime.now().isoformat(timespec="seconds"),
+        command="python -m bench.lab " + " ".join(sys.argv[1:]),
+        baseline=config.name,
+        aa_pair=[],
+        repeat=1,
+        machine={**machine_facts(), "server_cores": server_cores},
+        configs={c.name: {"target": c.target, "env": c.env} for c in configs},
+        ceilings=_saved_ceilings(),
+    )
+    progress = Progress(len(configs) * 8 * (args.step_s + 4), "capacity", enabled=not args.quiet)
+    lab = Lab(out_dir, 1, server_cores, generator_cores, progress=progress, results=results)
+    try:
+        lab.start_auth(20)
+        for c in configs:
+            run = climb(
+                lab,
+                c,
+                load,
+                slo_ms=slo,
+                start_rate=args.start_rate,
+                factor=args.factor,
+                max_rate=args.max_rate,
+            )
+            results.runs.append(run)
+            progress.done_run(run, 0)
+            if lab.interrupted:
+                results.interrupted = True
+                break
+    except KeyboardInterrupt:
+        results.interrupted = True
+    finally:
+        lab.close()
+        progress.close()
+    edges = {r.config: edge(r, slo) for r in results.runs}
+    found = edges.get(config.name, {})
+    capacity = {"slo_ms": slo, "edges": edges}
+    relay = edges.get("relay")
+    if found and relay and relay["capacity_delivered_per_s"]:
+        capacity["fraction_of_relay"] = round(
+            found["capacity_delivered_per_s"] / relay["capacity_delivered_per_s"], 3
+        )
+    if args.target_load and found:
+        capacity["plan"] = plan(found["capacity_delivered_per_s"], args.target_load)
+    results.capacity = capacity
+    results.save(out_dir / "results.json")
+    status = _finish(results, out_dir)
+    print(f"\ncapacity at {args.slo}:")
+    for name, e in edges.items():
+        limited = (
+            " (generator-limited: the edge is the driver's)"
+            if e["generator_limited_at_edge"]
+            else ""
+        )
+        print(
+            f"  {name}: {e['capacity_delivered_per_s']:,} delivered/s "
+            f"({e['capacity_sent_per_s']:,} sent/s){limited}"
+        )
+    if "fraction_of_relay" in capacity:
+        print(f"  chat server / bare relay: {capacity['fraction_of_relay']:.2f}")
+    if "plan" in capacity:
+        p = capacity["plan"]
+        print(
+            f"  plan for {p['target_delivered_per_s']:,.0f} delivered/s: {p['instances']} instances"
+        )
+    return status
+
+
+def cmd_ceiling(args: argparse.Namespace) -> int:
+    """Each driver's own ceiling against the picows relay; saved for later reports."""
+    from bench.lab.capacity import climb, edge, parse_slo
+    from bench.lab.progress import Progress
+    from bench.lab.runner import Lab, split_cores, usable_cores
+
+    slo = parse_slo(args.slo)
+    out_dir = _out_dir(args.out, "ceiling")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    server_cores, generator_cores = split_cores(usable_cores())
+    progress = Progress(8 * (args.step_s + 4), "driver ceiling", enabled=not args.quiet)
+    lab = Lab(out_dir, 1, server_cores, generator_cores, progress=progress)
+    relay = Config(name="picows relay", target="relay", env={"TRANSPORT": "picows"})
+    load = Load(connections=args.connections, step_s=args.step_s, warmup_s=1, locust_profile="")
+    try:
+        run = climb(
+            lab,
+            relay,
+            load,
+            slo_ms=slo,
+            start_rate=args.start_rate,
+            factor=args.factor,
+            max_rate=args.max_rate,
+        )
+    finally:
+        lab.close()
+        progress.close()
+    found = edge(run, slo)
+    held = [s for s in run.steps if s.holds(slo)]
+    best = max(held, key=lambda s: s.delivered_per_s, default=None)
+    if best is None:
+        print(f"no step held {args.slo}: {run.error}")
+        return 1
+    ceilings = _saved_ceilings()
+    ceilings["fast"] = best
+    REPORTS_DIR.mkdir(exist_ok=True)
+    from dataclasses import asdict
+
+    CEILINGS_PATH.write_text(json.dumps({k: asdict(v) for k, v in ceilings.items()}, indent=1))
+    print(
+        f"fast driver ceiling: {found['capacity_delivered_per_s']:,} delivered/s "
+        f"at p99 {best.latency_ms['p99']:.1f} ms (saved to {CEILINGS_PATH})"
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render a report again from results.json."""
+    path = Path(args.results)
+    results = Results.load(path)
+    return _finish(results, Path(args.out) if args.out else path.parent)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.lab",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--log-level", default="warning", help="logging level [warning]")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a matrix and write the report")
+    run.add_argument(
+        "--matrix", default="demo", help=f"built-in ({', '.join(available())}) or a path [demo]"
+    )
+    run.add_argument(
+        "--repeat", type=int, default=0, help="runs per configuration [the matrix's own]"
+    )
+    run.add_argument("--out", default="", help="report directory [reports/<time>-<matrix>]")
+    run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.set_defaults(func=cmd_run)
+
+    cap = sub.add_parser("capacity", help="find the offered load where the SLO breaks")
+    cap.add_argument(
+        "--slo",
+        default=",".join(f"{k}={v:g}" for k, v in HEADLINE_SLO_MS.items()),
+        help="fan-out bounds in ms [p99=100]",
+    )
+    cap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server toggle (repeatable) [SERIALIZER=orjson EVENT_LOOP=uvloop WS_DEFLATE=off]",
+    )
+    cap.add_argument("--name", default="", help="the configuration's name in the report")
+    cap.add_argument(
+        "--start-rate", type=float, default=1000, help="first offered rate, sends/s [1000]"
+    )
+    cap.add_argument("--factor", type=float, default=1.4, help="rate multiplier per step [1.4]")
+    cap.add_argument(
+        "--max-rate", type=float, default=30000, help="highest offered rate, sends/s [30000]"
+    )
+    cap.add_argument("--step-s", type=float, default=5, help="seconds per step [5]")
+    cap.add_argument("--connections", type=int, default=200, help="connections [200]")
+    cap.add_argument("--room-size", type=int, default=10, help="connections per room [10]")
+    cap.add_argument(
+        "--target-load",
+        type=float,
+        default=0,
+        help="delivered messages/s to plan instances for (0: no plan) [0]",
+    )
+    cap.add_argument("--no-relay", action="store_true", help="do not climb the bare relay too")
+    cap.add_argument("--out", default="", help="report directory [reports/<time>-capacity]")
+    cap.add_argument("--quiet", action="store_true", help="no progress output")
+    cap.set_defaults(func=cmd_capacity)
+
+    ceil = sub.add_parser("ceiling", help="the fast driver's own ceiling against a picows relay")
+    ceil.add_argument("--slo", default="p99=100", help="fan-out bounds in ms [p99=100]")
+    ceil.add_argument("--start-rate", type=float, default=2000, help="first rate, sends/s [2000]")
+    ceil.add_argument("--factor", type=float, default=1.4, help="rate multiplier per step [1.4]")
+    ceil.add_argument("--max-rate", type=float, default=40000, help="highest rate [40000]")
+    ceil.add_argument("--step-s", type=float, default=5, help="seconds per step [5]")
+    ceil.add_argument("--connections", type=int, default=200, help="connections [200]")
+    ceil.add_argument("--out", default="", help="report directory [reports/<time>-ceiling]")
+    ceil.add_argument("--quiet", action="store_true", help="no progress output")
+    ceil.set_defaults(func=cmd_ceiling)
+
+    lst = sub.add_parser("list", help="the built-in matrices")
+    lst.set_defaults(func=cmd_list)
+
+    rep = sub.add_parser("report", help="render a report again from results.json")
+    rep.add_argument("results", help="path to a results.json")
+    rep.add_argument("--out", default="", help="report directory [the results' own]")
+    rep.set_defaults(func=cmd_report)
+
+    args = parser.parse_args(argv)
+    if args.command == "capacity":
+        if not args.env:
+            args.env = ["SERIALIZER=orjson", "EVENT_LOOP=uvloop", "WS_DEFLATE=off"]
+        bad = [e for e in args.env if "=" not in e]
+        if bad:
+            parser.error(f"--env {bad[0]!r}: expected NAME=VALUE")
+        if args.factor <= 1 or args.start_rate <= 0 or args.max_rate < args.start_rate:
+            parser.error("--factor must be > 1 and 0 < --start-rate <= --max-rate")
+        try:
+            from bench.lab.capacity import parse_slo
+
+            parse_slo(args.slo)
+        except ValueError as exc:
+            parser.error(f"--slo: {exc}")
+    if args.command == "run":
+        try:
+            load_matrix(args.matrix)
+        except MatrixError as exc:
+            parser.error(str(exc))
+        if args.repeat < 0:
+            parser.error("--repeat must be 1 or more")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen command; its exit status."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Lab matrices: small TOML files in ``bench/matrices/`` naming configurations to compare.
+
+A matrix names its configurations (each a set of the server's ``.env`` toggles, or the
+bare relay), the load every configuration gets (fast-driver rates and one Locust
+profile), the baseline every ratio is taken against, and an A/A pair (a configuration
+repeated under another name with ``same_as``) whose difference is the run's noise floor.
+See ``bench/matrices/demo.toml`` for a commented example.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from loadtest.profiles import PROFILES
+
+MATRICES_DIR = Path(__file__).resolve().parent.parent / "matrices"
+
+TARGETS = ("chat", "relay")
+AUTH_MODES = ("prelogin", "login")
+
+
+class MatrixError(ValueError):
+    """A matrix file that cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """What every configuration of a matrix is driven with."""
+
+    connections: int = 200  # fast driver: connections, in rooms of room_size
+    room_size: int = 10
+    rates: tuple[float, ...] = (2000.0,)  # fast driver: messages/s sent, one step each
+    step_s: float = 5.0
+    warmup_s: float = 2.0
+    drain_s: float = 1.0
+    locust_profile: str = "smoke"  # a loadtest/profiles.py name, or "" for no Locust run
+    locust_stages: str = ""  # overrides the profile's stages (same syntax as --stages)
+    settle_s: float = 1.0  # idle time after the server is up, before the first driver
+
+    def fast_duration_s(self) -> float:
+        """Seconds one fast-driver run takes (connects not counted)."""
+        return self.warmup_s + len(self.rates) * (self.step_s + self.drain_s)
+
+    def locust_duration_s(self) -> float:
+        """Seconds one Locust run takes (its start-up not counted)."""
+        if not self.locust_profile:
+            return 0.0
+        if self.locust_stages:
+            from loadtest.profiles import parse_stages
+
+            return sum(s.duration_s for s in parse_stages(self.locust_stages))
+        return sum(s.duration_s for s in PROFILES[self.locust_profile].stages)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: a target and its toggles, and which drivers run against it."""
+
+    name: str
+    target: str = "chat"
+    env: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    fast: bool = True  # run the fast driver's steps
+    locust: bool = True  # run the Locust profile (chat target only)
+    profile: bool = False  # PROFILE=cprofile: snapshots go into the report
+    auth_mode: str = "prelogin"  # Locust: tokens before the run, or logins while it runs
+    same_as: str = ""  # this is an A/A twin of that configuration
+    load: Load | None = None  # overrides the matrix's load for this configuration
+
+    def slug(self) -> str:
+        """The name as a directory name."""
+        keep = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.name.lower())
+        return "-".join(part for part in keep.split("-") if part)
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A named set of configurations, run ``repeat`` times each, interleaved."""
+
+    name: str
+    description: str
+    configs: tuple[Config, ...]
+    baseline: str
+    aa_pair: tuple[str, str] | None
+    load: Load
+    repeat: int = 1
+    path: Path | None = None
+
+    def config(self, name: str) -> Config:
+        """The configuration called ``name``."""
+        for config in self.configs:
+            if config.name == name:
+                return config
+        raise KeyError(name)
+
+    def load_of(self, config: Config) -> Load:
+        """The load ``config`` gets."""
+        return config.load or self.load
+
+    def estimate_s(self, repeat: int, per_run_overhead_s: float = 6.0) -> float:
+        """Rough seconds the whole matrix takes, for the progress bar."""
+        total = 0.0
+        for config in self.configs:
+            load = self.load_of(config)
+            run_s = per_run_overhead_s + load.settle_s
+            if config.fast:
+                run_s += load.fast_duration_s() + 2
+            if config.locust and config.target == "chat" and load.locust_profile:
+                run_s += load.locust_duration_s() + 4
+            total += run_s
+        return total * repeat
+
+
+def available() -> list[str]:
+    """The built-in matrices' names."""
+    return sorted(p.stem for p in MATRICES_DIR.glob("*.toml"))
+
+
+def _load_table(data: dict[str, Any], where: str, base: Load | None = None) -> Load:
+    """A :class:`Load` from a TOML table, over ``base``."""
+    base = base or Load()
+    known = set(Load.__dataclass_fields__)
+    unknown = set(data) - known
+    if unknown:
+        raise MatrixError(f"{where}: unknown load keys {sorted(unknown)}; known: {sorted(known)}")
+    values = dict(data)
+    if "rates" in values:
+        values["rates"] = tuple(float(r) for r in values["rates"])
+        if not values["rates"] or min(values["rates"]) <= 0:
+            raise MatrixError(f"{where}: rates must be a non-empty list of positive numbers")
+    load = replace(base, **values)
+    if load.locust_profile and load.locust_profile not in PROFILES:
+        raise MatrixError(
+            f"{where}: locust_profile {load.locust_profile!r}: allowed {sorted(PROFILES)} or ''"
+        )
+    if load.connections < 1 or load.room_size < 1 or load.connections % load.room_size:
+        raise MatrixError(f"{where}: connections must be a positive multiple of room_size")
+    return load
+
+
+def load_matrix(name_or_path: str) -> Matrix:
+    """Read a matrix by built-in name or path; :class:`MatrixError` says what is wrong."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = MATRICES_DIR / f"{name_or_path}.toml"
+    if not path.exists():
+        raise MatrixError(f"no matrix {name_or_path!r}: built in are {', '.join(available())}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise MatrixError(f"{path}: {exc}") from None
+    where = str(path)
+    load = _load_table(data.get("load", {}), f"{where} [load]")
+    configs: list[Config] = []
+    for i, table in enumerate(data.get("config", [])):
+        raw = dict(table)
+        name = raw.get("name") or f"config {i + 1}"
+        if "load" in raw:
+            raw["load"] = _load_table(raw["load"], f"{where} [{name}].load", load)
+        if "same_as" in raw:
+            twin = next((c for c in configs if c.name == raw["same_as"]), None)
+            if twin is None:
+                raise MatrixError(f"{where}: {name}: same_as {raw['same_as']!r} comes first")
+            raw = {**twin.__dict__, "name": name, "same_as": twin.name, **raw}
+        raw["env"] = {str(k).upper(): str(v) for k, v in raw.get("env", {}).items()}
+        unknown = set(raw) - set(Config.__dataclass_fields__)
+        if unknown:
+            raise MatrixError(f"{where}: {name}: unknown keys {sorted(unknown)}")
+        config = Config(**raw)
+        if config.target not in TARGETS:
+            raise MatrixError(f"{where}: {name}: target {config.target!r}: allowed {TARGETS}")
+        if config.auth_mode not in AUTH_MODES:
+            raise MatrixError(f"{where}: {name}: auth_mode {config.auth_mode!r}: {AUTH_MODES}")
+        configs.append(config)
+    names = [c.name for c in configs]
+    if not configs or len(set(names)) != len(names):
+        raise MatrixError(f"{where}: configuration names must exist and be unique: {names}")
+    baseline = data.get("baseline", names[0])
+    if baseline not in names:
+        raise MatrixError(f"{where}: baseline {baseline!r} is not a configuration")
+    twins = [c for c in configs if c.same_as]
+    aa_pair = (twins[0].same_as, twins[0].name) if twins else None
+    return Matrix(
+        name=path.stem,
+        description=data.get("description", ""),
+        configs=tuple(configs),
+        baseline=baseline,
+        aa_pair=aa_pair,
+        load=load,
+        repeat=int(data.get("repeat", 1)),
+        path=path,
+    )

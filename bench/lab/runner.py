@@ -1,0 +1,656 @@
+"""Run a matrix: each configuration's server, its drivers, the samples, into one Results.
+
+For each configuration, repeated ``repeat`` times, interleaved (every configuration once,
+then every configuration again): start the chat server with its toggles (or the bare
+relay) pinned to the server's core(s), let it settle, run the fast driver's steps and
+the Locust profile on the generator's core(s) while a sampler records CPU% and RSS of
+server and generator every half second, scrape the server's own metrics, stop it
+cleanly, go on. One auth service serves the whole lab run (its users are registered
+once, with the auth service's real argon2 parameters). Ctrl-C stops what runs and
+keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.harness import ROOT, AuthProcess, KeyPair, ServerProcess, ServiceProcess, free_port
+from bench.lab.matrix import Config, Load, Matrix
+from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint
+from bench.lab.sampler import Sampler
+
+log = logging.getLogger("bench.lab")
+
+#: the auth service of a lab run: real argon2 (its defaults), long tokens, no per-address
+#: limits (every simulated user comes from 127.0.0.1)
+LAB_AUTH = {
+    "TOKEN_TTL_S": "86400",
+    "LOGIN_RATE_PER_CLIENT_PER_MIN": "0",
+    "REGISTER_RATE_PER_CLIENT_PER_MIN": "0",
+    "LOGIN_RATE_PER_USER_PER_MIN": "0",
+    "LOG_LEVEL": "warning",
+}
+#: chat server settings every lab run shares: the per-connection rate limit is raised
+#: so that the driver's offered load is measured, not refused (it is a flood guard,
+#: not a toggle under test); everything else stays at its default
+LAB_SERVER = {
+    "RATE_LIMIT_PER_S": "100000",
+    "RATE_LIMIT_BURST": "100000",
+    "LOG_LEVEL": "warning",
+}
+#: users registered for a lab run (drivers with more connections reuse them: one user
+#: may hold several connections)
+LAB_USER_PREFIX = "lab"
+#: a process that exits in this long after SIGTERM is stopped cleanly
+STOP_TIMEOUT_S = 20
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def split_cores(cores: list[int]) -> tuple[list[int], list[int]]:
+    """Server and generator cores: the first core for the server, the rest for the generator.
+
+    On one core both share it (the report says so).
+    """
+    if len(cores) < 2:
+        return cores, cores
+    return cores[:1], cores[1:]
+
+
+def machine_facts() -> dict[str, Any]:
+    """What the report states about the machine and the software."""
+    model = ""
+    with suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for package in ("websockets", "uvloop", "orjson", "protobuf", "msgspec", "picows", "locust"):
+        with suppress(metadata.PackageNotFoundError):
+            versions[package] = metadata.version(package)
+    return {
+        "cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "cpu_model": model,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def busy_elsewhere_percent(seconds: float = 1.0) -> float:
+    """CPU% (of one core) used by processes other than this one and its children, right now."""
+    before = psutil.cpu_times()
+    mine = psutil.Process().cpu_times()
+    time.sleep(seconds)
+    after = psutil.cpu_times()
+    mine_after = psutil.Process().cpu_times()
+    busy = (after.user + after.system + after.nice) - (before.user + before.system + before.nice)
+    own = (mine_after.user + mine_after.system) - (mine.user + mine.system)
+    return max(0.0, (busy - own) / seconds * 100)
+
+
+class RelayProcess(ServiceProcess):
+    """``python -m bench.relay`` (the bare websockets relay) pinned to ``cores``."""
+
+    module = "bench.relay"
+
+    def __init__(self, workdir: Path, cores: list[int]) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.cores = cores
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.log_path = workdir / f"relay-{self.port}.log"
+        self.proc = None
+
+    def command(self) -> list[str]:
+        """The relay's command line."""
+        cores = ",".join(map(str, self.cores)) or "off"
+        return [
+            sys.executable,
+            "-m",
+            self.module,
+            "--port",
+            str(self.port),
+            "--cpu-affinity",
+            cores,
+            "--event-loop",
+            "uvloop",
+            "--log-level",
+            "warning",
+        ]
+
+    @property
+    def url(self) -> str:
+        """The websocket URL (a room is added per connection)."""
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def start(self, timeout_s: float = 20) -> RelayProcess:
+        """Start and wait until /healthz answers."""
+        self._start(timeout_s)
+        return self
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """The server's Prometheus metrics as ``name{labels}: value`` (bucket lines left out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    flat: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_created")):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            flat[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return flat
+
+
+def locust_step(workdir: Path, duration_s: float, room_size: int) -> Step:
+    """A Locust run's :class:`Step` from its delivery report and CSV files in ``workdir``."""
+    report = json.loads((workdir / "delivery.json").read_text())
+    deliveries = report["deliveries"]
+    fanout = report["fanout"]
+    stats: dict[str, dict[str, str]] = {}
+    with suppress(OSError), open(workdir / "locust_stats.csv", newline="") as f:
+        stats = {row["Name"]: row for row in csv.DictReader(f)}
+    row = stats.get("fanout", {})
+
+    def number(key: str, default: float = 0.0) -> float:
+        with suppress(ValueError, TypeError):
+            return float(row.get(key, default))
+        return default
+
+    latency = {
+        "p50": float(fanout.get("p50_ms") or 0),
+        "p90": float(fanout.get("p90_ms") or 0),
+        "p95": float(fanout.get("p95_ms") or 0),
+        "p99": float(fanout.get("p99_ms") or 0),
+        "p999": number("99.9%"),
+        "max": number("Max Response Time"),
+    }
+    timeline: list[TimePoint] = []
+    with suppress(OSError), open(workdir / "locust_stats_history.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["Name"] == "fanout"]
+    if rows:
+        t0 = float(rows[0]["Timestamp"])
+        for r in rows:
+            with suppress(ValueError):
+                timeline.append(
+                    TimePoint(
+                        t_s=float(r["Timestamp"]) - t0,
+                        users=int(r["User Count"]),
+                        delivered_per_s=float(r["Requests/s"]),
+                        sent_per_s=float(r["Requests/s"]) / room_size,
+                        p50_ms=float(r["50%"]) if r["50%"] not in ("", "N/A") else None,
+                        p99_ms=float(r["99%"]) if r["99%"] not in ("", "N/A") else None,
+                    )
+                )
+    generator = report.get("generator", {})
+    notes = []
+    if generator.get("overloaded"):
+        notes.append(
+            f"Locust overloaded: {generator.get('late_sends', 0)} sends late, "
+            f"max {generator.get('max_lateness_ms', 0):.0f} ms behind"
+        )
+    if generator.get("cpu_max_percent", 0) > 90:
+        notes.append(f"Locust CPU reached {generator['cpu_max_percent']:.0f}%")
+    sent = int(deliveries.get("sent", 0))
+    delivered = int(deliveries.get("delivered", 0))
+    errors = {
+        k: int(deliveries.get(k, 0))
+        for k in ("server_errors", "unexpected_closes", "duplicates", "missing", "unacked")
+        if deliveries.get(k)
+    }
+    return Step(
+        driver="locust",
+        name=f"locust {report.get('stages', '')}".strip(),
+        connections=max((p.users for p in timeline), default=0),
+        offered_per_s=None,
+        duration_s=duration_s,
+        sent=sent,
+        delivered=delivered,
+        expected=delivered + int(deliveries.get("missing", 0)),
+        sent_per_s=sent / duration_s if duration_s else 0.0,
+        delivered_per_s=delivered / duration_s if duration_s else 0.0,
+        latency_ms={k: latency.get(k, 0.0) for k in PERCENTILES},
+        errors=sum(v for k, v in errors.items() if k != "unacked"),
+        error_detail=errors,
+        late_sends=int(generator.get("late_sends", 0)),
+        max_send_lag_ms=float(generator.get("max_lateness_ms", 0)),
+        generator_cpu_percent=float(generator.get("cpu_max_percent", 0)) or None,
+        generator_limited=bool(notes),
+        generator_notes=notes,
+        timeline=timeline,
+    )
+
+
+@dataclass
+class Lab:
+    """One lab run: its output directory, cores, auth service and the results so far."""
+
+    out_dir: Path
+    repeat: int
+    server_cores: list[int]
+    generator_cores: list[int]
+    progress: Any = None  # a Progress, or None
+    results: Results | None = None
+    auth: AuthProcess | None = None
+    keys: KeyPair | None = None
+    token_file: Path | None = None
+    t0: float = field(default_factory=time.monotonic)
+    interrupted: bool = False
+    _children: list[subprocess.Popen[Any]] = field(default_factory=list)
+    _current: list[ServiceProcess] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---- the lab run's shared services ---------------------------------------------
+
+    def start_auth(self, users: int) -> None:
+        """Start the auth service, register ``users`` users and log them all in."""
+        workdir = self.out_dir / "auth"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.auth = AuthProcess(workdir, **LAB_AUTH).start(timeout_s=60)
+        self._pin(self.auth.proc, self.generator_cores)
+        self.keys = KeyPair(workdir)  # unused by the server: it reads the auth service's key
+        self.token_file = workdir / "tokens.json"
+        command = [
+            sys.executable,
+            "-m",
+            "loadtest.seed",
+            "--users",
+            str(users),
+            "--auth-url",
+            self.auth.url(),
+            "--user-prefix",
+            LAB_USER_PREFIX,
+            "--token-file",
+            str(self.token_file),
+        ]
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"seeding users failed:\n{done.stdout}{done.stderr}")
+
+    def close(self) -> None:
+        """Stop everything this lab started."""
+        for proc in list(self._children):
+            self._stop_popen(proc)
+        for service in list(self._current):
+            with suppress(Exception):
+                service.stop()
+        if self.auth is not None:
+            with suppress(Exception):
+                self.auth.stop()
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    @staticmethod
+    def _pin(proc: subprocess.Popen[Any] | None, cores: list[int]) -> None:
+        """Pin a running process and its children to ``cores``."""
+        if proc is None or not cores:
+            return
+        with suppress(psutil.Error):
+            root = psutil.Process(proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                with suppress(psutil.Error):
+                    p.cpu_affinity(cores)
+
+    def _stop_popen(self, proc: subprocess.Popen[Any], sig: int = signal.SIGTERM) -> None:
+        if proc.poll() is None:
+            with suppress(ProcessLookupError):
+                proc.send_signal(sig)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        with suppress(ValueError):
+            self._children.remove(proc)
+
+    def _spawn(self, command: list[str], workdir: Path, log_name: str) -> subprocess.Popen[Any]:
+        """Start a driver in its own session (Ctrl-C reaches only the lab), output to a log."""
+        log_file = (workdir / log_name).open("ab")
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self._children.append(proc)
+        return proc
+
+    def _wait(self, proc: subprocess.Popen[Any], timeout_s: float) -> int:
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s overran %.0f s; stopping it", proc.args[2:4], timeout_s)
+            self._stop_popen(proc)
+            return -1
+        finally:
+            with suppress(ValueError):
+                self._children.remove(proc)
+
+    # ---- one configuration -------------------------------------------------------------
+
+    def start_target(self, config: Config, workdir: Path) -> tuple[ServiceProcess, int]:
+        """Start the configuration's server (or relay); it and its metrics port (0: none)."""
+        if config.target == "relay":
+            relay = RelayProcess(workdir, self.server_cores).start()
+            self._current.append(relay)
+            return relay, 0
+        assert self.auth is not None and self.keys is not None
+        env = dict(LAB_SERVER)
+        cores = self.server_cores
+        for key, value in config.env.items():
+            env[key] = value
+        if env.get("CPU_AFFINITY", "server") == "server":
+            env["CPU_AFFINITY"] = ",".join(map(str, cores)) or "off"
+        metrics_port = free_port()
+        env["METRICS_PORT"] = str(metrics_port)
+        env["JWT_PUBLIC_KEY"] = str(self.auth.public_path)
+        if config.profile:
+            env["PROFILE"] = "cprofile"
+            env["PROFILE_DIR"] = str(workdir / "profiles")
+            env.setdefault("PROFILE_INTERVAL_S", "5")
+        if env.get("REGRESSION") == "auth_inline":
+            env.update(
+                {
+                    "AUTH_DB": str(self.auth.db_path),
+                    "JWT_PRIVATE_KEY": str(self.auth.private_path),
+                    "JWT_KEYRING": str(self.auth.keyring_path),
+                    "AUTH_INLINE_PORT": str(free_port()),
+                    **{k: v for k, v in LAB_AUTH.items() if k != "LOG_LEVEL"},
+                }
+            )
+        server = ServerProcess(workdir, self.keys, **env).start(timeout_s=30)
+        self._current.append(server)
+        return server, metrics_port
+
+    def fast_step(
+        self, config: Config, load: Load, url: str, workdir: Path, sampler: Sampler
+    ) -> list[Step]:
+        """Run the fast driver's steps against ``url``; its Steps."""
+        out = workdir / "fast.json"
+        command = [
+            sys.executable,
+            "-m",
+            "bench.lab.driver",
+            "--target",
+            config.target,
+            "--url",
+            url,
+            "--connections",
+            str(load.connections),
+            "--room-size",
+            str(load.room_size),
+            "--rates",
+            ",".join(f"{r:g}" for r in load.rates),
+            "--step-s",
+            f"{load.step_s:g}",
+            "--warmup-s",
+            f"{load.warmup_s:g}",
+            "--drain-s",
+            f"{load.drain_s:g}",
+            "--cpu-affinity",
+            ",".join(map(str, self.generator_cores)) or "off",
+            "--json-out",
+            str(out),
+        ]
+        if config.target == "chat":
+            assert self.token_file is not None
+            command += [
+                "--serializer",
+                config.env.get("SERIALIZER", "orjson"),
+                "--token-file",
+                str(self.token_file),
+            ]
+        proc = self._spawn(command, workdir, "fast-driver.log")
+        sampler.watch("generator", proc.pid)
+        status = self._wait(proc, load.fast_duration_s() + 120)
+        sampler.watch("generator", None)
+        if status != 0 or not out.exists():
+            tail = (workdir / "fast-driver.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"fast driver exited {status}:\n{tail}")
+        return [Step.from_dict(s) for s in json.loads(out.read_text())]
+
+    def locust_run(
+        self, config: Config, load: Load, url: str, workdir: Path, sampler: Sampler
+    ) -> Step:
+        """Run the Locust profile against ``url``; its Step."""
+        assert self.auth is not None and self.token_file is not None
+        locust_dir = workdir / "locust"
+        locust_dir.mkdir(exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(ROOT / "loadtest" / "chat.py"),
+            "--headless",
+            "--only-summary",
+            "--loglevel",
+            "WARNING",
+            "-H",
+            url,
+            "--load-profile",
+            load.locust_profile,
+            "--room-size",
+            str(load.room_size),
+            "--serializer",
+            config.env.get("SERIALIZER", "orjson"),
+            "--user-prefix",
+            LAB_USER_PREFIX,
+            "--csv",
+            str(locust_dir / "locust"),
+            "--csv-full-history",
+            "--delivery-report",
+            str(locust_dir / "delivery.json"),
+        ]
+        if load.locust_stages:
+            command += ["--stages", load.locust_stages]
+        if config.auth_mode == "login":
+            auth_url = self.auth.url()
+            inline = next((s for s in self._current if isinstance(s, ServerProcess)), None)
+            if inline is not None and "AUTH_INLINE_PORT" in inline.env:
+                auth_url = f"http://127.0.0.1:{inline.env['AUTH_INLINE_PORT']}"
+            command += ["--auth-mode", "login", "--auth-url", auth_url]
+        else:
+            command += ["--auth-mode", "prelogin", "--token-file", str(self.token_file)]
+        proc = self._spawn(command, locust_dir, "locust.log")
+        # Locust does not pin itself: pin it (and its greenlets' one thread) right away
+        self._pin(proc, self.generator_cores)
+        sampler.watch("generator", proc.pid)
+        self._wait(proc, load.locust_duration_s() + 120)
+        sampler.watch("generator", None)
+        if not (locust_dir / "delivery.json").exists():
+            tail = (locust_dir / "locust.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"Locust wrote no delivery report:\n{tail}")
+        active_s = sum(s.duration_s for s in _locust_stages(load) if not s.quiet)
+        return locust_step(locust_dir, active_s, load.room_size)
+
+    def run_config(self, matrix: Matrix, config: Config, repeat: int) -> Run:
+        """Start, drive, sample and stop one configuration once; its Run (status says how)."""
+        load = matrix.load_of(config)
+        workdir = self.out_dir / "runs" / f"{config.slug()}-r{repeat + 1}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        run = Run(
+            config=config.name,
+            repeat=repeat,
+            target=config.target,
+            env=dict(config.env),
+            server_cores=self.server_cores,
+            generator_cores=self.generator_cores,
+            started_s=round(time.monotonic() - self.t0, 2),
+        )
+        sampler = Sampler(time.monotonic()).start()
+        server: ServiceProcess | None = None
+        try:
+            self._phase(config, repeat, "starting")
+            server, metrics_port = self.start_target(config, workdir)
+            assert server.proc is not None
+            sampler.watch("server", server.proc.pid)
+            if config.env.get("CPU_AFFINITY") == "off":
+                run.server_cores = []
+            time.sleep(load.settle_s)
+            url = server.url  # type: ignore[attr-defined]
+            if config.fast:
+                self._phase(config, repeat, "fast driver")
+                run.steps.extend(self.fast_step(config, load, url, workdir, sampler))
+            if config.locust and config.target == "chat" and load.locust_profile:
+                self._phase(config, repeat, "locust")
+                run.steps.append(self.locust_run(config, load, url, workdir, sampler))
+            if metrics_port:
+                with suppress(OSError):
+                    run.metrics = scrape_metrics(metrics_port)
+        except KeyboardInterrupt:
+            run.status = "interrupted"
+            run.error = "Ctrl-C: stopped here; what was measured before is kept"
+            self.interrupted = True
+        except Exception as exc:  # one failed configuration must not lose the others
+            log.error("%s (repeat %d) failed: %s", config.name, repeat + 1, exc)
+            run.status = "failed"
+            run.error = str(exc)[-4000:]
+        finally:
+            for proc in list(self._children):
+                self._stop_popen(proc)
+            if server is not None:
+                try:
+                    status = server.stop()
+                    if status not in (0, None) and run.status == "ok":
+                        run.status = "failed"
+                        run.error = f"server exited {status}:\n{server.log()[-2000:]}"
+                except subprocess.TimeoutExpired:
+                    run.error += "\nthe server did not stop within 20 s after SIGTERM"
+                with suppress(ValueError):
+                    self._current.remove(server)
+            run.samples = sampler.stop()
+            prof_root = workdir / "profiles"
+            run.profiles = [
+                str(p.relative_to(self.out_dir)) for p in sorted(prof_root.rglob("*.prof"))
+            ]
+        return run
+
+    def _phase(self, config: Config, repeat: int, phase: str) -> None:
+        if self.progress is not None:
+            self.progress.phase(f"{config.name} #{repeat + 1}: {phase}")
+
+
+def _locust_stages(load: Load) -> tuple[Any, ...]:
+    from loadtest.profiles import PROFILES, parse_stages
+
+    if load.locust_stages:
+        return parse_stages(load.locust_stages)
+    return PROFILES[load.locust_profile].stages
+
+
+def users_needed(matrix: Matrix) -> int:
+    """Users to register: Locust's largest user count, and some for the fast driver."""
+    most = 20
+    for config in matrix.configs:
+        load = matrix.load_of(config)
+        if config.locust and load.locust_profile:
+            most = max(most, *(s.users for s in _locust_stages(load)))
+    return most
+
+
+def run_matrix(
+    matrix: Matrix,
+    repeat: int,
+    out_dir: Path,
+    progress: Any = None,
+    ceilings: dict[str, Step] | None = None,
+) -> Results:
+    """Run every configuration ``repeat`` times, interleaved; the Results (also when Ctrl-C).
+
+    ``results.json`` is rewritten after every run, so an interrupted lab keeps its data.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    server_cores, generator_cores = split_cores(usable_cores())
+    facts = machine_facts()
+    facts["server_cores"] = server_cores
+    facts["generator_cores"] = generator_cores
+    busy = busy_elsewhere_percent()
+    facts["busy_elsewhere_percent_at_start"] = round(busy, 1)
+    if busy > 25:
+        log.warning(
+            "other processes use %.0f%% of a core: measurements will be noisy "
+            "(a load measurement should own the machine)",
+            busy,
+        )
+    results = Results(
+        matrix=matrix.name,
+        started=datetime.now().isoformat(timespec="seconds"),
+        command=" ".join(shlex.quote(a) for a in ["python", "-m", "bench.lab", *sys.argv[1:]]),
+        baseline=matrix.baseline,
+        aa_pair=list(matrix.aa_pair or ()),
+        repeat=repeat,
+        machine=facts,
+        configs={
+            c.name: {
+                "target": c.target,
+                "env": c.env,
+                "description": c.description,
+                "profile": c.profile,
+                "auth_mode": c.auth_mode,
+                "same_as": c.same_as,
+                "load": matrix.load_of(c).__dict__,
+            }
+            for c in matrix.configs
+        },
+        ceilings=dict(ceilings or {}),
+    )
+    results_path = out_dir / "results.json"
+    lab = Lab(out_dir, repeat, server_cores, generator_cores, progress=progress, results=results)
+    try:
+        if any(c.target == "chat" for c in matrix.configs):
+            if progress is not None:
+                progress.phase("auth service: registering users")
+            lab.start_auth(users_needed(matrix))
+        for k in range(repeat):
+            for config in matrix.configs:
+                started = time.monotonic()
+                run = lab.run_config(matrix, config, k)
+                results.runs.append(run)
+                results.duration_s = round(time.monotonic() - lab.t0, 1)
+                results.save(results_path)
+                if progress is not None:
+                    progress.done_run(run, time.monotonic() - started)
+                if lab.interrupted:
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        results.interrupted = True
+        log.warning("interrupted: stopping everything and writing what was measured")
+    finally:
+        lab.close()
+        results.duration_s = round(time.monotonic() - lab.t0, 1)
+        results.save(results_path)
+    return results

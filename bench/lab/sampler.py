@@ -1,0 +1,87 @@
+"""CPU% and RSS of the processes under test, sampled every half second on a thread.
+
+Each role ("server", "generator", "auth") names one process; its children are counted
+with it (the supervisor's workers, a driver's helpers). CPU is in percent of one core
+over the last interval (200 = two cores busy), RSS in bytes, summed over the tree.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import suppress
+
+import psutil
+
+from bench.lab.results import Sample
+
+INTERVAL_S = 0.5
+
+
+class Sampler:
+    """Samples every role's process tree until :meth:`stop`; roles can change while it runs."""
+
+    def __init__(self, t0: float, interval_s: float = INTERVAL_S) -> None:
+        self.t0 = t0
+        self.interval_s = interval_s
+        self.samples: dict[str, list[Sample]] = {}
+        self._roles: dict[str, int] = {}
+        self._procs: dict[int, psutil.Process] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lab-sampler", daemon=True)
+
+    def start(self) -> Sampler:
+        """Start sampling."""
+        self._thread.start()
+        return self
+
+    def watch(self, role: str, pid: int | None) -> None:
+        """Sample ``pid`` (and its children) as ``role`` from now on; None stops that role."""
+        with self._lock:
+            if pid is None:
+                self._roles.pop(role, None)
+            else:
+                self._roles[role] = pid
+
+    def stop(self) -> dict[str, list[Sample]]:
+        """Stop sampling; the samples per role."""
+        self._stop.set()
+        self._thread.join(5)
+        return self.samples
+
+    def _tree(self, pid: int) -> list[psutil.Process]:
+        """The process and its children, the same objects each time (cpu_percent needs that)."""
+        procs: list[psutil.Process] = []
+        with suppress(psutil.Error):
+            root = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
+            procs.append(root)
+            for child in root.children(recursive=True):
+                procs.append(self._procs.setdefault(child.pid, child))
+        return procs
+
+    def _loop(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                roles = dict(self._roles)
+            now = time.monotonic()
+            for role, pid in roles.items():
+                cpu = 0.0
+                rss = 0
+                primed = True
+                for proc in self._tree(pid):
+                    with suppress(psutil.Error):
+                        first = getattr(proc, "_lab_primed", False) is False
+                        value = proc.cpu_percent(None)
+                        if first:
+                            proc._lab_primed = True  # type: ignore[attr-defined]
+                            primed = False
+                        cpu += value
+                        rss += proc.memory_info().rss
+                if primed and rss:
+                    self.samples.setdefault(role, []).append(
+                        Sample(round(now - self.t0, 3), round(cpu, 1), rss)
+                    )
+            next_at += self.interval_s
+            self._stop.wait(max(0.0, next_at - time.monotonic()))

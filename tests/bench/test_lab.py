@@ -1,0 +1,217 @@
+"""The lab runner, end to end: a tiny matrix run for real, and its matrix files and CLI.
+
+The end-to-end run starts the real auth service, real chat servers, the fast driver and
+Locust (as subprocesses), and checks the report holds real, non-zero figures. No timing
+assertions: only that the figures exist, add up, and are where the report says.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.harness import ROOT
+from bench.lab.capacity import edge, parse_slo, plan
+from bench.lab.matrix import MatrixError, available, load_matrix
+from bench.lab.results import Results, Run, Step
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+TINY_MATRIX = """
+description = "two configurations, smoke profile"
+baseline = "json"
+
+[load]
+connections = 20
+room_size = 10
+rates = [100, 200]
+step_s = 1.5
+warmup_s = 1
+drain_s = 0.5
+locust_profile = "smoke"
+settle_s = 0.2
+
+[[config]]
+name = "json"
+env = { SERIALIZER = "json", EVENT_LOOP = "asyncio", WS_DEFLATE = "on" }
+
+[[config]]
+name = "protobuf+uvloop"
+env = { SERIALIZER = "protobuf", EVENT_LOOP = "uvloop", WS_DEFLATE = "off" }
+locust = false
+profile = true
+"""
+
+
+def lab(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.lab ARGS`` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.lab", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) -> None:
+    matrix = tmp_path / "tiny.toml"
+    matrix.write_text(TINY_MATRIX)
+    out = tmp_path / "report"
+    done = lab("run", "--matrix", str(matrix), "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = Results.load(out / "results.json")
+    assert [r.config for r in results.runs] == ["json", "protobuf+uvloop"]
+    assert all(r.status == "ok" for r in results.runs), [r.error for r in results.runs]
+    json_run, pb_run = results.runs
+    # the fast driver's two steps on both; Locust only where asked
+    assert [s.driver for s in json_run.steps] == ["fast", "fast", "locust"]
+    assert [s.driver for s in pb_run.steps] == ["fast", "fast"]
+    for step in json_run.steps + pb_run.steps:
+        assert step.sent > 0
+        assert step.delivered > 0
+        assert step.delivered_per_s > 0
+        assert 0 < step.latency_ms["p50"] <= step.latency_ms["p99"] <= step.latency_ms["max"]
+    for step in json_run.steps[:2] + pb_run.steps:
+        assert step.delivered == step.sent * 10, step  # every member got every message
+    # the samplers saw both processes; the server's own counters were scraped
+    for run in results.runs:
+        assert run.samples["server"] and run.samples["generator"]
+        assert max(s.rss_bytes for s in run.samples["server"]) > 10 * 2**20
+        assert sum(s.cpu_percent for s in run.samples["server"]) > 0
+        assert run.metrics, "no metrics scraped"
+    frames_out = [v for k, v in json_run.metrics.items() if k.startswith("chat_frames_out")]
+    assert frames_out and max(frames_out) > 0
+    # the profiled configuration's snapshots are in the report directory
+    assert pb_run.profiles and all((out / p).exists() for p in pb_run.profiles)
+    # the report: tables with the configurations, valid plots, a summary on the terminal
+    md = (out / "report.md").read_text()
+    assert "json" in md and "protobuf+uvloop" in md
+    pngs = sorted((out / "plots").glob("*.png"))
+    assert pngs
+    for png in pngs:
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
+    assert (out / "report.html").read_text().count("data:image/png;base64,") >= len(pngs)
+    assert "report:" in done.stdout and str(out) in done.stdout
+
+
+def test_every_built_in_matrix_loads_with_a_baseline_and_an_aa_pair() -> None:
+    names = available()
+    assert {"demo", "serializers", "loops", "deflate", "affinity", "regressions", "full"} <= set(
+        names
+    )
+    for name in names:
+        matrix = load_matrix(name)
+        assert matrix.baseline in [c.name for c in matrix.configs]
+        assert matrix.aa_pair is not None, name
+        first, twin = (matrix.config(n) for n in matrix.aa_pair)
+        assert first.env == twin.env and first.target == twin.target
+
+
+def test_demo_matrix_fits_the_readme_promise() -> None:
+    demo = load_matrix("demo")
+    assert demo.repeat == 1
+    assert demo.estimate_s(1) < 5 * 60  # "under 6 minutes after setup", with margin
+    assert any(c.target == "relay" for c in demo.configs)
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("[[config]]\nname='a'\ntarget='moon'\n", "target 'moon'"),
+        ("[[config]]\nname='a'\nserializer='json'\n", "unknown keys"),
+        ("[load]\nrates=[]\n[[config]]\nname='a'\n", "rates must be"),
+        ("[load]\nlocust_profile='huge'\n[[config]]\nname='a'\n", "locust_profile 'huge'"),
+        ("[load]\nconnections=15\n[[config]]\nname='a'\n", "multiple of room_size"),
+        ("baseline='b'\n[[config]]\nname='a'\n", "baseline 'b'"),
+        ("[[config]]\nname='a'\nsame_as='z'\n", "same_as 'z'"),
+        ("[[config]]\nname='a'\n[[config]]\nname='a'\n", "unique"),
+        ("this is = = not toml", "tiny.toml"),
+    ],
+)
+def test_a_bad_matrix_file_is_refused_naming_the_problem(
+    tmp_path: Path, text: str, complaint: str
+) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    with pytest.raises(MatrixError, match=complaint.replace("(", r"\(")):
+        load_matrix(str(path))
+
+
+def test_the_cli_explains_itself_and_refuses_bad_arguments_with_status_2() -> None:
+    helped = lab("--help")
+    assert helped.returncode == 0
+    for command in ("run", "capacity", "ceiling", "list", "report"):
+        assert command in helped.stdout
+    for command in ("run", "capacity", "ceiling"):
+        assert lab(command, "--help").returncode == 0
+    bad = lab("run", "--matrix", "no-such-matrix")
+    assert bad.returncode == 2 and "no matrix 'no-such-matrix'" in bad.stderr
+    assert lab("capacity", "--slo", "p99").returncode == 2
+    assert lab("capacity", "--factor", "1").returncode == 2
+    listed = lab("list")
+    assert listed.returncode == 0 and "serializers" in listed.stdout
+
+
+def _step(offered: float, delivered_per_s: float, p99: float, lost: int = 0) -> Step:
+    sent = int(offered * 5)
+    return Step(
+        driver="fast",
+        name=f"rate {offered:g}/s",
+        connections=100,
+        offered_per_s=offered,
+        duration_s=5,
+        sent=sent,
+        delivered=sent * 10 - lost,
+        expected=sent * 10,
+        sent_per_s=offered,
+        delivered_per_s=delivered_per_s,
+        latency_ms={"p50": p99 / 4, "p90": p99 / 2, "p95": p99 / 1.5, "p99": p99, "max": p99 * 2},
+    )
+
+
+def test_capacity_is_the_highest_delivered_rate_that_held_the_slo() -> None:
+    slo = parse_slo("p99=100")
+    run = Run(config="c", repeat=0, target="chat", env={})
+    run.steps = [
+        _step(1000, 10_000, 5),
+        _step(2000, 20_000, 20),
+        _step(4000, 33_000, 400),  # broke on latency
+        _step(2800, 28_000, 60),  # the refinement step held
+    ]
+    found = edge(run, slo)
+    assert found["capacity_delivered_per_s"] == 28_000
+    assert found["first_break_offered_per_s"] == 4000
+    assert [s["holds"] for s in found["steps"]] == [True, True, True, False]
+    # a lost message breaks the SLO whatever the latency
+    run.steps = [_step(1000, 10_000, 5, lost=1)]
+    assert edge(run, slo)["capacity_delivered_per_s"] == 0
+
+
+def test_capacity_plan_adds_one_instance_for_redundancy() -> None:
+    assert plan(28_000, 100_000)["instances"] == 5  # ceil(3.57) = 4, plus one
+    assert plan(28_000, 28_000)["instances"] == 2
+
+
+def test_slo_text_is_parsed_or_refused() -> None:
+    assert parse_slo("p99=100,p95=50") == {"p99": 100.0, "p95": 50.0}
+    for bad in ("p99", "p98=1", "p99=-1", ""):
+        with pytest.raises(ValueError):
+            parse_slo(bad)
+
+
+def test_results_survive_a_round_trip_through_json(tmp_path: Path) -> None:
+    results = Results(matrix="m", started="now", command="c", baseline="c", aa_pair=[], repeat=1)
+    run = Run(config="c", repeat=0, target="chat", env={"SERIALIZER": "json"})
+    run.steps = [_step(1000, 10_000, 5)]
+    results.runs.append(run)
+    path = tmp_path / "results.json"
+    results.save(path)
+    again = Results.load(path)
+    assert again.runs[0].steps[0].latency_ms == run.steps[0].latency_ms
+    assert json.loads(path.read_text())["runs"][0]["env"] == {"SERIALIZER": "json"}
