@@ -6,6 +6,8 @@ member of the sender's room, the sender included, with ``websockets.broadcast``
 (no backpressure, compression off). ``GET /healthz`` answers 200. Anything a load
 generator measures against it is the generator's own cost plus loopback: that is
 the ceiling the Locust load test (``--target relay``) can measure a chat server at.
+``--transport picows`` serves the same contract on picows (:mod:`bench.relay_picows`),
+which costs the relay less per frame: the ceiling of the lab's fast driver.
 
 Exit status: 0 after SIGTERM or SIGINT, 2 for a bad argument.
 """
@@ -34,6 +36,10 @@ WS_PATH = "/ws"
 CLOSE_POLICY = 1008
 #: connections the open-files limit is raised for
 MAX_CONNECTIONS = 10_000
+#: largest frame accepted (either transport)
+MAX_FRAME_BYTES = 2**20
+#: ``--transport`` values; websockets is the default
+TRANSPORTS = ("websockets", "picows")
 
 
 class Relay:
@@ -85,7 +91,7 @@ async def run(host: str, port: int) -> int:
         port,
         compression=None,
         process_request=_process_request,
-        max_size=2**20,
+        max_size=MAX_FRAME_BYTES,
         ping_interval=None,
     ) as server:
         bound = ", ".join(f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in server.sockets)
@@ -114,6 +120,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="uvloop",
         help="event loop implementation [uvloop]",
     )
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="websockets",
+        help="websocket library serving the relay [websockets]",
+    )
     parser.add_argument("--log-level", default="info", help="logging level [info]")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
@@ -132,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("picows").setLevel(logging.WARNING)  # it logs every connection at INFO
     pin_cpus(args.cores)
     raise_open_files_limit(MAX_CONNECTIONS)
+    serve_relay = run
+    if args.transport == "picows":
+        from bench.relay_picows import run_picows as serve_relay
     with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
-        return runner.run(run(args.host, args.port))
+        return runner.run(serve_relay(args.host, args.port))
 
 
 if __name__ == "__main__":
