@@ -1,0 +1,907 @@
+"""``python -m bench.lab.driver``: the lab's fast open-loop load driver (picows on uvloop).
+
+It opens ``--connections`` websockets to a chat server or to the bare relay, puts
+them in rooms of ``--room-size`` and sends ``send`` frames at fixed total rates
+(``--rates``, one step each), measuring fan-out latency at every room member.
+
+Open loop: one scheduler sends what the clock says is due, round-robin over the
+connections, whatever the server does; a wake-up that comes late sends its
+backlog at once with the original scheduled times, so the driver's own lateness
+counts in the latency too (no coordinated omission), and is reported as
+``late_sends`` (more than 1 ms behind) and ``max_send_lag_ms``.
+
+Each frame's body is ``~ts=`` and the scheduled send time (``time.perf_counter_ns``,
+19 digits), then ``x`` padding up to ``--body-chars``. Frames are spliced from one
+frame per connection encoded once with the real codec, so a protobuf length never
+changes; a receiver finds the marker in the raw bytes (JSON or protobuf alike) and
+never decodes a ``message``. Latency is receive time minus scheduled time, in an HDR
+histogram of microseconds (1 us to 60 s, 3 significant digits).
+
+Deliveries count to the step whose send phase scheduled them, during the step and
+its ``--drain-s``; one later than that is lost to the step (``error_detail``
+``after_drain``, not counted in ``errors``). Errors are error frames by code,
+unexpected closes (``closed 1013``) and sends dropped because a connection's
+unsent bytes passed a bound (``send_buffer_full``). Acks (chat) are matched to
+sends in order per connection for ``ack_latency_ms`` (approximate when errors
+replace acks). Timeline points are seconds since the driver started, or since
+``--t0-monotonic`` (a caller's ``time.monotonic()``), which also sets each step's
+``started_s`` on that clock.
+
+A step is ``generator_limited`` when the driver used more than 90 % of one core
+during its send phase, when more than 1 % of its sends left more than 5 ms late,
+or when one left more than 50 ms late: its figures then measure the driver too.
+
+Exit status: 0 when every step ran, 1 when the connections could not be opened
+(or joined), 2 for a bad argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import sys
+import time
+from array import array
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from time import perf_counter_ns
+from urllib.parse import urlsplit
+
+import numpy as np
+import psutil
+from hdrh.histogram import HdrHistogram
+from picows import (
+    WSCloseCode,
+    WSFrame,
+    WSHandshakeError,
+    WSListener,
+    WSMsgType,
+    WSTransport,
+    ws_connect,
+)
+
+from bench.lab.results import PERCENTILES, Step, TimePoint
+from chat_server.codecs import CODEC_NAMES, Codec, chat_pb2, get_codec
+from chat_server.messages import Join, Send
+from chat_server.runtime import loop_factory, pin_cpus, raise_open_files_limit
+from chat_server.settings import parse_core_list
+
+log = logging.getLogger("bench.lab.driver")
+
+#: what precedes the scheduled send time in every body
+MARKER = b"~ts="
+#: width of the scheduled send time in the body (``perf_counter_ns`` fits in 19 digits)
+DIGITS = 19
+#: the shortest body: the marker and the digits
+MIN_BODY_CHARS = len(MARKER) + DIGITS
+
+#: HDR histogram range and precision, microseconds
+HIST_MIN_US, HIST_MAX_US, HIST_DIGITS = 1, 60_000_000, 3
+#: a send that left this much after its scheduled time is a late send
+LATE_NS = 1_000_000
+#: generator-limited rules: CPU of one core, share of sends behind by BEHIND_NS, max lag
+CPU_LIMIT_PERCENT = 90.0
+BEHIND_NS = 5_000_000
+BEHIND_SHARE = 0.01
+MAX_LAG_LIMIT_MS = 50.0
+#: sends made in one go before the scheduler lets received frames in
+MAX_BATCH = 512
+#: bytes one connection may hold unsent; past it its sends are dropped and counted
+MAX_BUFFERED_BYTES = 4 * 2**20
+#: sends per connection remembered for ack latency; past it the oldest are forgotten
+MAX_PENDING_ACKS = 65_536
+#: largest frame accepted from the server
+MAX_FRAME_BYTES = 2**20
+#: how long closing the connections may take at the end
+CLOSE_TIMEOUT_S = 2.0
+
+TARGETS = ("chat", "relay")
+DEFAULT_URLS = {"chat": "ws://127.0.0.1:8000/ws", "relay": "ws://127.0.0.1:8765/ws"}
+
+EXIT_OK, EXIT_CONNECT_FAILED, EXIT_BAD_ARGUMENT = 0, 1, 2
+
+
+# ---- settings -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """Every setting of one driver run, validated by :func:`parse_args`."""
+
+    target: str
+    url: str
+    serializer: str
+    tokens: tuple[str, ...]
+    connections: int
+    room_size: int
+    room_prefix: str
+    rates: tuple[float, ...]
+    step_s: float
+    warmup_s: float
+    drain_s: float
+    body_chars: int
+    json_out: Path | None
+    cores: tuple[int, ...] | None
+    event_loop: str
+    connect_timeout_s: float
+    t0_monotonic: float | None = None
+
+
+def load_tokens(path: Path) -> tuple[str, ...]:
+    """Tokens from a file: JSON ``{username: token}`` (``loadtest.seed``), a JSON list, or
+    one token per line; raise ValueError when there is none."""
+    text = path.read_text().strip()
+    if text.startswith("{"):
+        tokens = tuple(str(t) for t in json.loads(text).values())
+    elif text.startswith("["):
+        tokens = tuple(str(t) for t in json.loads(text))
+    else:
+        tokens = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not tokens:
+        raise ValueError("no token in it")
+    return tokens
+
+
+def _rates(raw: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(r) for r in raw.split(",") if r.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r}: allowed: rates such as 2000,4000") from None
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"{raw!r}: allowed: positive rates such as 2000,4000")
+    return rates
+
+
+def parse_args(argv: list[str] | None = None) -> DriverConfig:
+    """The command line as a :class:`DriverConfig`; a bad value exits 2 naming it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.lab.driver",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        epilog="Example: python -m bench.lab.driver --target relay --cpu-affinity 1 "
+        "--rates 2000,4000,8000 --step-s 5 --json-out steps.json",
+    )
+    parser.add_argument("--target", choices=TARGETS, default="chat", help="what to load [chat]")
+    parser.add_argument(
+        "--url",
+        help="websocket URL [chat: ws://127.0.0.1:8000/ws, relay: ws://127.0.0.1:8765/ws; "
+        "the relay's ?room= is added]",
+    )
+    parser.add_argument(
+        "--serializer",
+        choices=CODEC_NAMES,
+        default="orjson",
+        help="the chat server's SERIALIZER: json/orjson send text frames, protobuf binary "
+        "ones (the relay carries either) [orjson]",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help="chat: tokens, as JSON {username: token} (loadtest.seed --token-file) or one "
+        "per line; connection i uses token i modulo their number",
+    )
+    parser.add_argument("--connections", type=int, default=100, help="connections [100]")
+    parser.add_argument(
+        "--room-size", type=int, default=10, help="connection i is in room i // this [10]"
+    )
+    parser.add_argument("--room-prefix", default="lab", help="rooms are PREFIX-<k> [lab]")
+    parser.add_argument(
+        "--rates",
+        type=_rates,
+        default=(1000.0,),
+        help="total send rates, messages/s across all connections, one step each [1000]",
+    )
+    parser.add_argument("--step-s", type=float, default=10.0, help="seconds per step [10]")
+    parser.add_argument(
+        "--warmup-s", type=float, default=2.0, help="seconds at the first rate, unrecorded [2]"
+    )
+    parser.add_argument(
+        "--drain-s",
+        type=float,
+        default=2.0,
+        help="seconds after each step to collect its deliveries in flight [2]",
+    )
+    parser.add_argument(
+        "--body-chars",
+        type=int,
+        default=MIN_BODY_CHARS,
+        help=f"message body length, at least {MIN_BODY_CHARS} [{MIN_BODY_CHARS}]",
+    )
+    parser.add_argument(
+        "--json-out", type=Path, help="write the steps here (a JSON list of Step dicts)"
+    )
+    parser.add_argument(
+        "--cpu-affinity", default="off", help="pin the driver to these cores: off, 1, 0-1 [off]"
+    )
+    parser.add_argument(
+        "--event-loop", choices=("uvloop", "asyncio"), default="uvloop", help="[uvloop]"
+    )
+    parser.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=10.0,
+        help="seconds one connection may take to open (and join) [10]",
+    )
+    parser.add_argument(
+        "--t0-monotonic",
+        type=float,
+        help="the caller's time.monotonic() at its start: timeline t_s and each step's "
+        "started_s count from it [the driver's own start; started_s left empty]",
+    )
+    parser.add_argument("--log-level", default="warning", help="logging level [warning]")
+    args = parser.parse_args(argv)
+
+    target = args.target
+    url = args.url or DEFAULT_URLS[target]
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        parser.error(f"--url {url!r}: allowed: ws://HOST:PORT/PATH or wss://...")
+    for name in ("connections", "room_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: 1 or more")
+    if not args.step_s > 0:
+        parser.error(f"--step-s {args.step_s}: allowed: more than 0")
+    for name in ("warmup_s", "drain_s"):
+        if not getattr(args, name) >= 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: 0 or more")
+    if not args.connect_timeout_s > 0:
+        parser.error(f"--connect-timeout-s {args.connect_timeout_s}: allowed: more than 0")
+    if args.body_chars < MIN_BODY_CHARS:
+        parser.error(f"--body-chars {args.body_chars}: allowed: {MIN_BODY_CHARS} or more")
+    if args.json_out is not None and not args.json_out.parent.is_dir():
+        parser.error(f"--json-out {args.json_out}: its directory does not exist")
+    tokens: tuple[str, ...] = ()
+    if target == "chat":
+        if args.token_file is None:
+            parser.error("--token-file: required with --target chat")
+        try:
+            tokens = load_tokens(args.token_file)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--token-file {args.token_file}: {exc}")
+    try:
+        cores = parse_core_list(args.cpu_affinity)
+    except ValueError as exc:
+        parser.error(f"--cpu-affinity {args.cpu_affinity!r}: {exc}")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    return DriverConfig(
+        target=target,
+        url=url,
+        serializer=args.serializer,
+        tokens=tokens,
+        connections=args.connections,
+        room_size=args.room_size,
+        room_prefix=args.room_prefix,
+        rates=args.rates,
+        step_s=args.step_s,
+        warmup_s=args.warmup_s,
+        drain_s=args.drain_s,
+        body_chars=args.body_chars,
+        json_out=args.json_out,
+        cores=cores,
+        event_loop=args.event_loop,
+        connect_timeout_s=args.connect_timeout_s,
+        t0_monotonic=args.t0_monotonic,
+    )
+
+
+# ---- frames -------------------------------------------------------------------------------
+
+
+def send_frame(codec: Codec, room: str, body_chars: int) -> tuple[bytearray, slice]:
+    """One ``send`` frame for ``room``, encoded by ``codec``, and where its time digits are.
+
+    The digits are zeros; writing 19 other digits there gives the frame the codec
+    would encode for that time (same length, so protobuf lengths stay right).
+    """
+    body = MARKER.decode() + "0" * DIGITS + "x" * (body_chars - MIN_BODY_CHARS)
+    frame = bytearray(codec.encode_client(Send(room=room, body=body)))
+    start = frame.find(MARKER) + len(MARKER)
+    assert start >= len(MARKER) and frame[start : start + DIGITS] == b"0" * DIGITS, frame
+    return frame, slice(start, start + DIGITS)
+
+
+def frame_kind_reader(codec: Codec) -> Callable[[bytes], str]:
+    """A function naming a server frame's kind (``ack``, ``error``, ...) from its first bytes.
+
+    JSON frames start with their ``type`` (msgspec writes the tag first); a protobuf
+    frame starts with the tag of its ``oneof`` field. Anything else is decoded.
+    """
+    if codec.binary:
+        oneof = chat_pb2.ServerMessage.DESCRIPTOR.oneofs_by_name["kind"]
+        names = {f.number: f.name for f in oneof.fields}
+
+        def protobuf_kind(payload: bytes) -> str:
+            return names.get(payload[0] >> 3, "unknown") if payload else "unknown"
+
+        return protobuf_kind
+
+    prefix = b'{"type":"'
+
+    def json_kind(payload: bytes) -> str:
+        if payload.startswith(prefix):
+            return payload[len(prefix) : payload.find(b'"', len(prefix))].decode("ascii", "replace")
+        try:
+            return type(codec.decode_server(payload)).__struct_config__.tag  # type: ignore[return-value]
+        except Exception:  # any undecodable frame is just of an unknown kind here
+            return "unknown"
+
+    return json_kind
+
+
+# ---- latencies ----------------------------------------------------------------------------
+
+
+class LatencyHistogram:
+    """Latencies in microseconds, added a second at a time, in an HDR histogram."""
+
+    def __init__(self) -> None:
+        self.histogram = HdrHistogram(HIST_MIN_US, HIST_MAX_US, HIST_DIGITS)
+
+    def add(self, values_us: np.ndarray) -> None:
+        """Record every value (clipped to the histogram's range).
+
+        Values are first cut to the lowest value HDR treats as equal (2048 exact
+        steps per power of two at 3 digits), so one ``record_value`` per distinct
+        step replaces one per value: the counts are the same, the cost much less.
+        """
+        if not len(values_us):
+            return
+        values = np.clip(values_us, 0, HIST_MAX_US)
+        bit_length = np.frexp(values)[1].astype(np.int64)
+        shift = np.maximum(bit_length - 11, 0)
+        steps, counts = np.unique((values >> shift) << shift, return_counts=True)
+        record = self.histogram.record_value
+        for value, count in zip(steps.tolist(), counts.tolist(), strict=True):
+            record(value, count)
+
+    @property
+    def count(self) -> int:
+        """How many values were added."""
+        return int(self.histogram.get_total_count())
+
+    def percentiles_ms(self) -> dict[str, float]:
+        """:data:`~bench.lab.results.PERCENTILES` in milliseconds; empty when nothing was added."""
+        if not self.count:
+            return {}
+        h = self.histogram
+        quantiles = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+        result = {k: h.get_value_at_percentile(q) / 1000 for k, q in quantiles.items()}
+        result["max"] = h.get_max_value() / 1000
+        return {k: round(result[k], 3) for k in PERCENTILES}
+
+    def encoded(self) -> str:
+        """The histogram, base64 (``hdrh`` encode); empty when nothing was added."""
+        return self.histogram.encode().decode("ascii") if self.count else ""
+
+
+def _take(values: array[int]) -> np.ndarray:
+    """The values gathered so far, as an array; ``values`` is left empty (same object)."""
+    taken = np.frombuffer(values.tobytes(), dtype=np.int64)
+    del values[:]
+    return taken
+
+
+# ---- one step -----------------------------------------------------------------------------
+
+
+class StepRecorder:
+    """What one step measured so far; :meth:`result` makes it a :class:`Step`."""
+
+    def __init__(self, name: str, rate: float, duration_s: float, connections: int) -> None:
+        self.name = name
+        self.started_s: float | None = None
+        self.rate = rate
+        self.duration_s = duration_s
+        self.connections = connections
+        self.start_ns = 0
+        self.end_ns = 0
+        self.sent = 0
+        self.sent_at_tick = 0
+        self.expected = 0
+        self.late_sends = 0
+        self.behind_sends = 0
+        self.max_lag_ns = 0
+        self.delivered = 0
+        self.errors: Counter[str] = Counter()
+        self.latency = LatencyHistogram()
+        self.ack_latency = LatencyHistogram()
+        self.timeline: list[TimePoint] = []
+        self.cpu_percent: float | None = None
+
+    def result(self) -> Step:
+        """The step as the results model has it, with the generator-limited verdict."""
+        notes = []
+        if self.cpu_percent is not None and self.cpu_percent > CPU_LIMIT_PERCENT:
+            notes.append(f"driver CPU {self.cpu_percent:.0f}% of one core > {CPU_LIMIT_PERCENT:g}%")
+        if self.sent and self.behind_sends > BEHIND_SHARE * self.sent:
+            notes.append(
+                f"{self.behind_sends} of {self.sent} sends left > {BEHIND_NS / 1e6:g} ms late"
+                f" (> {BEHIND_SHARE:.0%})"
+            )
+        max_lag_ms = self.max_lag_ns / 1e6
+        if max_lag_ms > MAX_LAG_LIMIT_MS:
+            notes.append(f"max send lag {max_lag_ms:.1f} ms > {MAX_LAG_LIMIT_MS:g} ms")
+        return Step(
+            driver="fast",
+            name=self.name,
+            connections=self.connections,
+            offered_per_s=self.rate,
+            duration_s=self.duration_s,
+            sent=self.sent,
+            delivered=self.delivered,
+            expected=self.expected,
+            sent_per_s=round(self.sent / self.duration_s, 1),
+            delivered_per_s=round(self.delivered / self.duration_s, 1),
+            latency_ms=self.latency.percentiles_ms(),
+            errors=sum(n for k, n in self.errors.items() if k != "after_drain"),
+            error_detail=dict(self.errors),
+            late_sends=self.late_sends,
+            max_send_lag_ms=round(max_lag_ms, 3),
+            generator_cpu_percent=(
+                None if self.cpu_percent is None else round(self.cpu_percent, 1)
+            ),
+            generator_limited=bool(notes),
+            generator_notes=notes,
+            timeline=self.timeline,
+            histogram=self.latency.encoded(),
+            ack_latency_ms=self.ack_latency.percentiles_ms(),
+            started_s=self.started_s,
+        )
+
+
+def summary_line(step: Step) -> str:
+    """One human line for a finished step."""
+    lat = step.latency_ms
+    latency = (
+        f"p50 {lat['p50']:.1f} p99 {lat['p99']:.1f} max {lat['max']:.1f} ms" if lat else "no data"
+    )
+    line = (
+        f"{step.name}: sent {step.sent} ({step.sent_per_s:.0f}/s), delivered {step.delivered}"
+        f" of {step.expected} ({step.delivered_per_s:.0f}/s), {latency}, errors {step.errors},"
+        f" late sends {step.late_sends} (max lag {step.max_send_lag_ms:.1f} ms),"
+        f" cpu {step.generator_cpu_percent or 0:.0f}%"
+    )
+    if step.generator_limited:
+        line += " GENERATOR-LIMITED: " + "; ".join(step.generator_notes)
+    return line
+
+
+# ---- connections --------------------------------------------------------------------------
+
+
+class SetupError(Exception):
+    """A connection could not be opened or joined; the message says why."""
+
+
+class Connection(WSListener):  # type: ignore[misc]
+    """One websocket: its send frame, and picows' callbacks for what it receives."""
+
+    __slots__ = (
+        "ack_sent_ns",
+        "close_code",
+        "digits",
+        "driver",
+        "frame",
+        "index",
+        "members",
+        "paused",
+        "record_ack",
+        "record_delivery",
+        "seen",
+        "send",
+        "transport",
+        "wake",
+    )
+
+    def __init__(
+        self, driver: Driver, index: int, members: int, frame: bytearray, digits: slice
+    ) -> None:
+        super().__init__()
+        self.driver = driver
+        self.index = index
+        self.members = members
+        self.frame = frame
+        self.digits = digits
+        self.record_delivery = driver.delivery_us.append
+        self.record_ack = driver.ack_us.append
+        # scheduled times of sends not acked yet, in order (chat: one ack per send)
+        self.ack_sent_ns: deque[int] = deque(maxlen=MAX_PENDING_ACKS if driver.acks else 0)
+        self.transport: WSTransport | None = None
+        self.send: Callable[..., None] = _not_connected
+        self.paused = False
+        self.seen: Counter[str] = Counter()
+        self.wake: asyncio.Future[None] | None = None
+        self.close_code = ""
+
+    # picows callbacks ----------------------------------------------------------------------
+
+    def on_ws_connected(self, transport: WSTransport) -> None:
+        self.transport = transport
+        self.send = transport.send
+
+    def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
+        payload = frame.get_payload_as_bytes()
+        at = payload.find(MARKER)
+        if at >= 0:
+            at += len(MARKER)
+            scheduled_ns = int(payload[at : at + DIGITS])
+            if scheduled_ns >= self.driver.window_start_ns:
+                self.record_delivery((perf_counter_ns() - scheduled_ns) // 1000)
+            else:
+                self.driver.delivered_outside_window(scheduled_ns)
+            return
+        self._other_frame(transport, frame, payload)
+
+    def on_ws_disconnected(self, transport: WSTransport) -> None:
+        self.driver.connection_lost(self)
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+
+    # the rest ------------------------------------------------------------------------------
+
+    def _other_frame(self, transport: WSTransport, frame: WSFrame, payload: bytes) -> None:
+        """Anything but a delivery: acks, errors, the setup replies, close."""
+        msg_type = frame.msg_type
+        if msg_type == WSMsgType.CLOSE:
+            self.close_code = str(frame.get_close_code().value)
+            transport.send_close(frame.get_close_code(), frame.get_close_message())
+            transport.disconnect()
+            return
+        if msg_type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+            return  # pings are answered by picows; pongs are not ours
+        kind = self.driver.frame_kind(payload)
+        if kind == "ack":
+            if self.ack_sent_ns:
+                self.record_ack((perf_counter_ns() - self.ack_sent_ns.popleft()) // 1000)
+            return
+        if kind == "presence":
+            return
+        self.seen[kind] += 1
+        if kind == "error":
+            if self.ack_sent_ns:
+                self.ack_sent_ns.popleft()  # the send it answers will get no ack
+            self.driver.count_error(self.driver.error_code(payload))
+        elif kind not in ("welcome", "joined"):
+            self.driver.count_error(f"unexpected {kind}")
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+    async def wait_for(self, kind: str) -> None:
+        """Return once a frame of ``kind`` came; raise SetupError on an error frame or close."""
+        while not self.seen[kind]:
+            if self.seen["error"]:
+                raise SetupError(f"connection {self.index}: error frame before {kind}")
+            if self.transport is None or self.transport.is_disconnected:
+                raise SetupError(f"connection {self.index}: closed before {kind}")
+            self.wake = asyncio.get_running_loop().create_future()
+            await self.wake
+
+    def buffer_full(self) -> bool:
+        """True when this connection holds more unsent bytes than :data:`MAX_BUFFERED_BYTES`."""
+        assert self.transport is not None
+        buffered = self.transport.underlying_transport.get_write_buffer_size()
+        return bool(buffered > MAX_BUFFERED_BYTES)
+
+
+def _not_connected(*_: object) -> None:
+    raise RuntimeError("send before the connection was opened")
+
+
+# ---- the driver ---------------------------------------------------------------------------
+
+
+class Driver:
+    """Connections, the scheduler and the per-second bookkeeping of one run."""
+
+    def __init__(self, config: DriverConfig) -> None:
+        self.config = config
+        self.codec = get_codec(config.serializer)
+        self.msg_type = WSMsgType.BINARY if self.codec.binary else WSMsgType.TEXT
+        self.acks = config.target == "chat"
+        self.frame_kind = frame_kind_reader(self.codec)
+        # t_s = 0 on the perf_counter_ns clock: the caller's t0, or now
+        self.origin_ns = perf_counter_ns()
+        if config.t0_monotonic is not None:
+            self.origin_ns -= int((time.monotonic() - config.t0_monotonic) * 1e9)
+        self.process = psutil.Process()
+        # receive times minus scheduled times, microseconds, since the last tick
+        self.delivery_us: array[int] = array("q")
+        self.ack_us: array[int] = array("q")
+        # deliveries scheduled before this count to earlier steps (or to the warmup)
+        self.window_start_ns = 2**63
+        self.connections: list[Connection] = []
+        self.open_connections: list[Connection] = []
+        self.closing = False
+        self.current: StepRecorder | None = None
+        self.finished: list[tuple[StepRecorder, Step]] = []
+        self.next_connection = 0
+
+    # connections ---------------------------------------------------------------------------
+
+    def _room(self, index: int) -> tuple[str, int]:
+        """Connection ``index``'s room and how many connections share it."""
+        config = self.config
+        k = index // config.room_size
+        members = min(config.room_size, config.connections - k * config.room_size)
+        return f"{config.room_prefix}-{k}", members
+
+    async def _open(self, index: int, gate: asyncio.Semaphore) -> Connection:
+        config = self.config
+        room, members = self._room(index)
+        frame, digits = send_frame(self.codec, room, config.body_chars)
+        conn = Connection(self, index, members, frame, digits)
+        url = config.url
+        headers: dict[str, str] = {}
+        if config.target == "relay":
+            url += ("&" if "?" in url else "?") + f"room={room}"
+        else:
+            headers["Authorization"] = f"Bearer {config.tokens[index % len(config.tokens)]}"
+            headers["Sec-WebSocket-Protocol"] = self.codec.subprotocol
+        async with gate:
+            try:
+                async with asyncio.timeout(config.connect_timeout_s):
+                    await ws_connect(
+                        lambda: conn,
+                        url,
+                        extra_headers=headers,
+                        websocket_handshake_timeout=config.connect_timeout_s,
+                        max_frame_size=MAX_FRAME_BYTES,
+                    )
+                    if config.target == "chat":
+                        await conn.wait_for("welcome")
+                        conn.send(self.msg_type, self.codec.encode_client(Join(room=room)))
+                        await conn.wait_for("joined")
+            except WSHandshakeError as exc:
+                status = exc.response.status if exc.response is not None else "?"
+                body = (exc.raw_body or b"").decode(errors="replace").strip()
+                raise SetupError(f"connection {index}: HTTP {status} {body or exc}") from None
+            except (OSError, TimeoutError) as exc:
+                raise SetupError(f"connection {index}: {exc!r}") from None
+        return conn
+
+    async def connect_all(self) -> None:
+        """Open (and for chat join) every connection; raise SetupError if any fails."""
+        gate = asyncio.Semaphore(64)
+        opened = await asyncio.gather(
+            *(self._open(i, gate) for i in range(self.config.connections)),
+            return_exceptions=True,
+        )
+        self.connections = [c for c in opened if isinstance(c, Connection)]
+        failures = [c for c in opened if isinstance(c, BaseException)]
+        if failures:
+            await self.close_all()
+            raise SetupError(f"{len(failures)} of {len(opened)} failed; first: {failures[0]}")
+        self.open_connections = list(self.connections)
+
+    def connection_lost(self, conn: Connection) -> None:
+        """picows: ``conn`` is gone; unless we are closing, that is an error."""
+        if conn in self.open_connections:
+            self.open_connections = [c for c in self.open_connections if c is not conn]
+        if not self.closing and self.current is not None:
+            self.count_error(f"closed {conn.close_code or 'abnormally'}")
+
+    async def close_all(self) -> None:
+        """Close every connection (1000), waiting at most :data:`CLOSE_TIMEOUT_S`."""
+        self.closing = True
+        transports = [c.transport for c in self.connections if c.transport is not None]
+        for transport in transports:
+            transport.send_close(WSCloseCode.OK)
+        waits = [asyncio.ensure_future(t.wait_disconnected()) for t in transports]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=CLOSE_TIMEOUT_S)
+            for wait in pending:
+                wait.cancel()
+        for transport in transports:
+            transport.disconnect(graceful=False)
+
+    # receiving -----------------------------------------------------------------------------
+
+    def count_error(self, key: str) -> None:
+        """Count one error in the current step (or the first step, during the warmup)."""
+        if self.current is not None:
+            self.current.errors[key] += 1
+
+    def error_code(self, payload: bytes) -> str:
+        """The ``code`` of an error frame."""
+        try:
+            return str(getattr(self.codec.decode_server(payload), "code", "error"))
+        except Exception:  # an undecodable error frame is still an error
+            return "undecodable error"
+
+    def delivered_outside_window(self, scheduled_ns: int) -> None:
+        """A delivery scheduled before the current step: after its own step's drain."""
+        for recorder, step in self.finished:
+            if recorder.start_ns <= scheduled_ns < recorder.end_ns:
+                step.error_detail["after_drain"] = step.error_detail.get("after_drain", 0) + 1
+                return
+
+    # sending -------------------------------------------------------------------------------
+
+    async def send_schedule(self, rate: float, recorder: StepRecorder) -> None:
+        """Send ``rate``/s from ``recorder.start_ns`` to ``recorder.end_ns``, each at its time.
+
+        Round-robin over the open connections; a late wake-up sends the backlog with the
+        original scheduled times; ``recorder`` gets the counts at each wake-up.
+        """
+        interval_ns = 1e9 / rate
+        start_ns = recorder.start_ns
+        total = math.ceil((recorder.end_ns - start_ns) / interval_ns)
+        msg_type = self.msg_type
+        k = 0
+        i = self.next_connection
+        sent = expected = late = behind = 0
+        max_lag = recorder.max_lag_ns
+        while k < total:
+            conns = self.open_connections
+            if not conns:
+                return
+            n = len(conns)
+            batch = 0
+            now = perf_counter_ns()
+            due = start_ns + int(k * interval_ns)
+            while due <= now and batch < MAX_BATCH:
+                conn = conns[i % n]
+                i += 1
+                k += 1
+                batch += 1
+                if conn.paused and conn.buffer_full():
+                    self.count_error("send_buffer_full")
+                else:
+                    frame = conn.frame
+                    frame[conn.digits] = b"%019d" % due
+                    conn.send(msg_type, frame)
+                    conn.ack_sent_ns.append(due)
+                    sent += 1
+                    expected += conn.members
+                    lag = now - due
+                    if lag > LATE_NS:
+                        late += 1
+                        if lag > BEHIND_NS:
+                            behind += 1
+                        max_lag = max(max_lag, lag)
+                if k == total:
+                    break
+                due = start_ns + int(k * interval_ns)
+                now = perf_counter_ns()
+            recorder.sent += sent
+            recorder.expected += expected
+            recorder.late_sends += late
+            recorder.behind_sends += behind
+            recorder.max_lag_ns = max_lag
+            sent = expected = late = behind = 0
+            self.next_connection = i % n
+            if batch >= MAX_BATCH:
+                await asyncio.sleep(0)
+            elif k < total:
+                await asyncio.sleep(max(0, due - perf_counter_ns()) / 1e9)
+
+    # steps ---------------------------------------------------------------------------------
+
+    def _tick(self, recorder: StepRecorder, since_ns: int, now_ns: int) -> None:
+        """Move what arrived since the last tick into ``recorder``; one timeline point."""
+        deliveries = _take(self.delivery_us)
+        recorder.latency.add(deliveries)
+        recorder.ack_latency.add(_take(self.ack_us))
+        recorder.delivered += len(deliveries)
+        seconds = (now_ns - since_ns) / 1e9
+        p50 = p99 = None
+        if len(deliveries):
+            p50, p99 = (round(float(v) / 1000, 3) for v in np.percentile(deliveries, [50, 99]))
+        recorder.timeline.append(
+            TimePoint(
+                t_s=round((now_ns - self.origin_ns) / 1e9, 3),
+                users=len(self.open_connections),
+                sent_per_s=round((recorder.sent - recorder.sent_at_tick) / seconds, 1),
+                delivered_per_s=round(len(deliveries) / seconds, 1),
+                p50_ms=p50,
+                p99_ms=p99,
+            )
+        )
+        recorder.sent_at_tick = recorder.sent
+
+    async def run_step(
+        self, rate: float, recorder: StepRecorder, drain_s: float, *, recorded: bool = True
+    ) -> None:
+        """Send at ``rate`` for the step, then drain; the recorder holds the results.
+
+        With ``recorded`` False (the warmup) no delivery counts: they all arrive
+        outside the window of a recorded step.
+        """
+        start_ns = perf_counter_ns()
+        if recorded:
+            self.window_start_ns = start_ns
+        recorder.start_ns = start_ns
+        if self.config.t0_monotonic is not None:
+            recorder.started_s = round((start_ns - self.origin_ns) / 1e9, 3)
+        recorder.end_ns = start_ns + int(recorder.duration_s * 1e9)
+        self.current = recorder
+        cpu_before = self.process.cpu_times()
+        sender = asyncio.ensure_future(self.send_schedule(rate, recorder))
+        stop_ns = recorder.end_ns + int(drain_s * 1e9)
+        ticks = sorted({*range(start_ns + 10**9, stop_ns, 10**9), recorder.end_ns, stop_ns})
+        last_ns = start_ns
+        for tick_ns in ticks:
+            await asyncio.sleep(max(0, tick_ns - perf_counter_ns()) / 1e9)
+            if tick_ns == recorder.end_ns:
+                await sender
+                cpu_after = self.process.cpu_times()
+                used_s = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
+                recorder.cpu_percent = 100 * used_s / ((perf_counter_ns() - start_ns) / 1e9)
+            now_ns = perf_counter_ns()
+            self._tick(recorder, last_ns, now_ns)
+            last_ns = now_ns
+        await sender
+
+    async def run(self) -> int:
+        """Connect, warm up, run every step, close; return the exit status."""
+        config = self.config
+        try:
+            await self.connect_all()
+        except SetupError as exc:
+            print(f"driver: could not open the connections: {exc}", file=sys.stderr)
+            return EXIT_CONNECT_FAILED
+        log.info("%d connections open", len(self.connections))
+        steps: list[Step] = []
+        first = StepRecorder(
+            f"rate {config.rates[0]:g}/s", config.rates[0], config.step_s, config.connections
+        )
+        if config.warmup_s > 0:
+            warmup = StepRecorder("warmup", config.rates[0], config.warmup_s, config.connections)
+            warmup.errors = first.errors  # errors while warming up count to the first step
+            self.current = warmup
+            await self.run_step(config.rates[0], warmup, drain_s=0, recorded=False)
+            _take(self.delivery_us)
+            _take(self.ack_us)
+        for index, rate in enumerate(config.rates):
+            recorder = (
+                first
+                if index == 0
+                else StepRecorder(f"rate {rate:g}/s", rate, config.step_s, config.connections)
+            )
+            await self.run_step(rate, recorder, config.drain_s)
+            step = recorder.result()
+            self.finished.append((recorder, step))
+            steps.append(step)
+            print(summary_line(step), file=sys.stderr, flush=True)
+            self.write(steps)
+        self.current = None
+        await self.close_all()
+        self.write(steps)
+        return EXIT_OK
+
+    def write(self, steps: list[Step]) -> None:
+        """Write ``--json-out`` (atomically), if asked."""
+        path = self.config.json_out
+        if path is None:
+            return
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps([asdict(s) for s in steps], indent=1))
+        tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the driver with the command line's options; return the exit status."""
+    config = parse_args(argv)
+    logging.getLogger("picows").setLevel(logging.WARNING)  # it logs every connection at INFO
+    pin_cpus(config.cores)
+    raise_open_files_limit(config.connections)
+    with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+        return runner.run(Driver(config).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

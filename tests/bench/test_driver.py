@@ -1,0 +1,237 @@
+"""The fast driver (``python -m bench.lab.driver``) and the picows relay, as real processes.
+
+Rates stay low (the machine is shared): these check counts and the written Steps,
+never timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hdrh.histogram import HdrHistogram
+
+from bench.harness import ROOT, KeyPair, ServerProcess, free_port
+from bench.lab.driver import DIGITS, MARKER, LatencyHistogram, send_frame
+from bench.lab.results import PERCENTILES, Step
+from chat_server.codecs import get_codec
+from chat_server.messages import Send
+
+#: a short run: 20 connections in rooms of 10, two 1 s steps
+SHORT_RUN = (
+    "--connections",
+    "20",
+    "--room-size",
+    "10",
+    "--rates",
+    "200,400",
+    "--step-s",
+    "1",
+    "--warmup-s",
+    "0.5",
+    "--drain-s",
+    "0.5",
+)
+
+
+def run_driver(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the driver to completion; its status and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.lab.driver", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.fixture(params=["websockets", "picows"])
+def relay_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``python -m bench.relay --transport PARAM`` on a free port; its websocket URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bench.relay", "--port", str(port)),
+            *("--transport", request.param, "--log-level", "warning"),
+        ],
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            time.sleep(0.05)
+        yield f"ws://127.0.0.1:{port}/ws"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def assert_complete_steps(out: Path, rates: tuple[int, ...], connections: int) -> list[Step]:
+    """The written steps: one per rate, every frame delivered to the whole room, no error."""
+    steps = [Step.from_dict(s) for s in json.loads(out.read_text())]
+    assert [s.offered_per_s for s in steps] == list(rates)
+    for step, rate in zip(steps, rates, strict=True):
+        assert step.driver == "fast" and step.name == f"rate {rate}/s"
+        assert step.sent == rate  # 1 s steps
+        assert step.expected == step.sent * 10
+        assert step.delivered == step.expected, step.error_detail
+        assert step.errors == 0, step.error_detail
+        assert set(step.latency_ms) == set(PERCENTILES)
+        lat = step.latency_ms
+        assert 0 < lat["p50"] <= lat["p99"] <= lat["p999"] <= lat["max"]
+        assert HdrHistogram.decode(step.histogram).get_total_count() == step.delivered
+        assert step.generator_cpu_percent is not None and step.generator_cpu_percent > 0
+        assert step.timeline and all(p.users == connections for p in step.timeline)
+        assert sum(p.sent_per_s > 0 for p in step.timeline) >= 1
+    return steps
+
+
+def test_driver_delivers_every_frame_to_the_whole_room_through_the_relay(
+    relay_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "steps.json"
+    result = run_driver("--target", "relay", "--url", relay_url, *SHORT_RUN, "--json-out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert_complete_steps(out, (200, 400), connections=20)
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["rate 200/s", "rate 400/s"], lines
+
+
+@pytest.mark.parametrize("serializer", ["json", "protobuf"])
+def test_driver_delivers_every_frame_to_the_whole_room_of_a_chat_server(
+    serializer: str,
+    start_server: Callable[..., ServerProcess],
+    keys: KeyPair,
+    tmp_path: Path,
+) -> None:
+    server = start_server(
+        serializer=serializer, rate_limit_per_s=1000, rate_limit_burst=1000, log_level="warning"
+    )
+    token_file = tmp_path / "tokens"
+    tokens = {f"lab{i}": keys.mint(f"lab{i}") for i in range(10)}
+    if serializer == "json":  # both token file forms: loadtest.seed's JSON, and lines
+        token_file.write_text(json.dumps(tokens))
+    else:
+        token_file.write_text("\n".join(tokens.values()) + "\n")
+    out = tmp_path / "steps.json"
+    result = run_driver(
+        *("--target", "chat", "--url", server.url, "--serializer", serializer),
+        *("--token-file", str(token_file), *SHORT_RUN, "--json-out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    for step in assert_complete_steps(out, (200, 400), connections=20):
+        assert set(step.ack_latency_ms) == set(PERCENTILES)
+        assert 0 < step.ack_latency_ms["p50"] <= step.ack_latency_ms["max"]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--target", "relay", "--rates", "0"), "--rates"),
+        (("--target", "relay", "--rates", "fast"), "--rates"),
+        (
+            (
+                "--target",
+                "chat",
+            ),
+            "--token-file",
+        ),
+        (("--target", "relay", "--connections", "0"), "--connections"),
+        (("--target", "relay", "--body-chars", "5"), "--body-chars"),
+        (("--target", "relay", "--cpu-affinity", "999"), "--cpu-affinity"),
+        (("--target", "relay", "--url", "http://x/ws"), "--url"),
+    ],
+)
+def test_a_bad_argument_exits_2_naming_it(args: tuple[str, ...], named: str) -> None:
+    result = run_driver(*args, timeout_s=30)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+
+
+def test_connections_that_cannot_open_exit_1(tmp_path: Path) -> None:
+    url = f"ws://127.0.0.1:{free_port()}/ws"  # nobody listens there
+    result = run_driver("--target", "relay", "--url", url, "--connections", "3", timeout_s=30)
+    assert result.returncode == 1, result.stderr
+    assert "could not open" in result.stderr
+
+
+@pytest.mark.parametrize("serializer", ["json", "orjson", "protobuf"])
+def test_a_spliced_frame_is_what_the_codec_encodes_for_that_time(serializer: str) -> None:
+    codec = get_codec(serializer)
+    frame, digits = send_frame(codec, "lab-12", body_chars=40)
+    frame[digits] = b"%019d" % 1234567890123
+    body = MARKER.decode() + f"{1234567890123:019d}" + "x" * (40 - len(MARKER) - DIGITS)
+    assert bytes(frame) == codec.encode_client(Send(room="lab-12", body=body))
+
+
+def test_latencies_added_in_bulk_count_as_if_recorded_one_by_one() -> None:
+    rng = random.Random(7)
+    values = [rng.choice((rng.randint(0, 3000), rng.randint(0, 5_000_000))) for _ in range(5000)]
+    one_by_one = HdrHistogram(1, 60_000_000, 3)
+    for v in values:
+        one_by_one.record_value(v)
+    bulk = LatencyHistogram()
+    bulk.add(np.array(values[:2500], dtype=np.int64))
+    bulk.add(np.array(values[2500:], dtype=np.int64))
+    assert bulk.count == len(values)
+    for q in (1, 50, 90, 99, 99.9, 100):
+        assert bulk.histogram.get_value_at_percentile(q) == one_by_one.get_value_at_percentile(q)
+
+
+def test_the_picows_relay_keeps_the_relay_contract(tmp_path: Path) -> None:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.relay", "--port", str(port), "--transport", "picows"],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"ws://127.0.0.1:{port}/ws"
+
+    async def exchange() -> None:
+        async with (
+            connect(f"{url}?room=a", compression=None) as a1,
+            connect(f"{url}?room=a", compression=None) as a2,
+            connect(f"{url}?room=b", compression=None) as b1,
+        ):
+            await a1.send("hello")
+            assert [await a1.recv(), await a2.recv()] == ["hello", "hello"]
+            await a2.send(b"\x00\x01")
+            assert [await a1.recv(), await a2.recv()] == [b"\x00\x01", b"\x00\x01"]
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(b1.recv(), 0.2)
+        async with connect(url, compression=None) as nowhere:
+            with pytest.raises(ConnectionClosed) as closed:
+                await nowhere.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                    assert r.status == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the picows relay did not start"
+                time.sleep(0.05)
+        asyncio.run(exchange())
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
