@@ -71,8 +71,9 @@ class Step:
     timeline: list[TimePoint] = field(default_factory=list)
     histogram: str = ""  # HDR histogram, base64 (hdrh encode), microseconds; "" if none
     ack_latency_ms: dict[str, float] = field(default_factory=dict)
-    # when the step's load began, on the samples' clock (seconds since the lab run
-    # started): the report takes CPU and RSS per step from it; None: the whole run's
+    # when the step's load began, on the clock of Run.samples (seconds since the run's
+    # sampler started: the fast driver's --t0-monotonic); the report takes CPU and RSS
+    # per step from it, and the whole run's when it is None
     started_s: float | None = None
 
     @classmethod
