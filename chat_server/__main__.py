@@ -51,20 +51,41 @@ async def serve(
     """Run the server until a stop signal, then drain in the contract's order.
 
     As a worker (``seat`` given) it accepts on the supervisor's socket, reports
-    ready once it serves, and stops if the supervisor disappears.
+    ready once it serves, and stops if the supervisor disappears. With
+    ``PROFILE=cprofile`` it profiles itself from before it listens to after the
+    store closed (:mod:`chat_server.profiling`).
     """
     from chat_server.codecs import get_codec, protobuf_backend  # noqa: PLC0415
     from chat_server.errors import BrokerUnavailable, StoreError  # noqa: PLC0415
     from chat_server.metrics import ChatCollector, MetricsServer  # noqa: PLC0415
-    from chat_server.runtime import on_stop_signals, watch_parent  # noqa: PLC0415
+    from chat_server.runtime import (  # noqa: PLC0415
+        on_snapshot_signal,
+        on_stop_signals,
+        watch_parent,
+    )
     from chat_server.service import ChatService  # noqa: PLC0415
     from chat_server.transport.websockets import (  # noqa: PLC0415
         CLOSE_GOING_AWAY,
         WebsocketsTransport,
     )
 
+    worker_index = None if seat is None else seat.index
+    profiler = None
+    if settings.profile == "cprofile":
+        from chat_server.profiling import ServerProfiler  # noqa: PLC0415
+
+        try:
+            profiler = ServerProfiler.create(settings, worker_index)
+        except SettingError as exc:
+            print(f"chat_server: {exc}", file=sys.stderr)
+            return 2
     codec = get_codec(settings.serializer)
-    service = ChatService(settings, codec, worker_index=None if seat is None else seat.index)
+    service = ChatService(
+        settings,
+        codec,
+        worker_index=worker_index,
+        writer_hook=None if profiler is None else profiler.writer_hook,
+    )
     try:
         await service.start()
     except (StoreError, BrokerUnavailable) as exc:
@@ -87,6 +108,12 @@ async def serve(
             print(f"chat_server: REGRESSION=auth_inline: {exc}", file=sys.stderr)
             await service.close()
             return 2 if isinstance(exc, SettingError) else 1
+    # before /healthz answers, so that a SIGUSR1 sent once it does never kills the server
+    if profiler is not None:
+        profiler.start()
+        on_snapshot_signal(profiler.request_snapshot)
+    else:
+        on_snapshot_signal(lambda: log.warning("SIGUSR1: no profile snapshot, PROFILE is off"))
     listen_socket = None if seat is None else seat.listening_socket()
     transport = WebsocketsTransport(settings, service, verifier, codec, listen_socket)
     metrics = None
@@ -148,6 +175,8 @@ async def serve(
         await metrics.close()
     if jwks_refresh is not None:
         jwks_refresh.cancel()
+    if profiler is not None:
+        await profiler.stop()
     log.info("chat_server stopped")
     return 0
 

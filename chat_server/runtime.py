@@ -1,5 +1,7 @@
 """Process runtime: the event loop choice, CPU affinity, open-files limit and signals.
 
+SIGTERM and SIGINT stop the server; SIGUSR1 asks for a profile snapshot.
+
 Each toggle is applied once, here, at start: nothing on the per-message path
 asks which loop or which cores are in use.
 """
@@ -55,6 +57,14 @@ def on_stop_signals(callback: Callable[[], None]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, callback)
+
+
+def on_snapshot_signal(callback: Callable[[], None]) -> None:
+    """Call ``callback`` on the running loop when SIGUSR1 arrives (a profile snapshot).
+
+    Installed whatever ``PROFILE`` is, so that SIGUSR1 never kills a server.
+    """
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, callback)
 
 
 def watch_parent(parent_pid: int, callback: Callable[[], None]) -> asyncio.Task[None]:

@@ -50,7 +50,7 @@ from chat_server.messages import History, HistoryRequest, Join, Leave, Message, 
 from chat_server.metrics import Counters
 from chat_server.settings import Settings
 from chat_server.store.base import BatchResult, HistoryStore
-from chat_server.store.sqlite import SqliteHistoryStore
+from chat_server.store.sqlite import SqliteHistoryStore, WriterThreadHook
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -77,9 +77,16 @@ class ChatService:
 
     ``worker_index`` is this process' place among ``WORKERS`` (None when it runs
     alone); ``worker_id`` names it uniquely among every process sharing Redis.
+    ``writer_hook`` (``PROFILE=cprofile``) runs on the SQLite history writer thread.
     """
 
-    def __init__(self, settings: Settings, codec: Codec, worker_index: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        codec: Codec,
+        worker_index: int | None = None,
+        writer_hook: WriterThreadHook | None = None,
+    ) -> None:
         self.settings = settings
         self.codec = codec
         self.worker_index = worker_index
@@ -103,6 +110,7 @@ class ChatService:
                 queue_max=settings.store_queue_max,
                 batch_max=batch_max,
                 history_max=settings.history_max,
+                writer_hook=writer_hook,
             )
             self.broker = MemoryBroker(self._deliver)
             core_wiring = {

@@ -143,6 +143,18 @@ def _jwt_algorithm(raw: str) -> str:
     return value
 
 
+_RUN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def _run_name(raw: str) -> str:
+    value = raw.strip()
+    if value and not _RUN_NAME.match(value):
+        raise ValueError(
+            "allowed: empty, or a directory name of A-Za-z0-9_.- (not starting with . or -)"
+        )
+    return value
+
+
 # ---- the table of settings ------------------------------------------------------------
 
 
@@ -300,15 +312,28 @@ SPECS: tuple[Spec, ...] = (
         "profile",
         "off",
         choice("off", "cprofile"),
-        "cprofile: write profile snapshots under profiles/",
-        not_built=_not("off"),
+        "cprofile: profile the server, snapshots to PROFILE_DIR/<run>/<n>.prof",
     ),
     Spec(
         "PROFILE_INTERVAL_S",
         "profile_interval_s",
         "10",
         number(0.1),
-        "seconds between profile snapshots",
+        "seconds between profile snapshots (and one on SIGUSR1, one at shutdown)",
+    ),
+    Spec(
+        "PROFILE_DIR",
+        "profile_dir",
+        "profiles",
+        text,
+        "directory holding the profile runs (relative: to the working directory)",
+    ),
+    Spec(
+        "PROFILE_RUN",
+        "profile_run",
+        "",
+        _run_name,
+        "run directory's name (empty: <timestamp>-<pid>); a worker adds -w<index>-<pid>",
     ),
     Spec(
         "METRICS_PORT",
@@ -473,6 +498,8 @@ class Settings(SpecSettings):
     jwks_refresh_s: float
     profile: str
     profile_interval_s: float
+    profile_dir: str
+    profile_run: str
     metrics_port: int
     max_frame_bytes: int
     max_body_chars: int

@@ -23,6 +23,8 @@ Guarantees:
   still running after ``DRAIN_GRACE_S + CLOSE_TIMEOUT_S + 30`` s is killed).
 - A worker whose supervisor disappears (``kill -9``) stops itself gracefully
   within about a second (:func:`chat_server.runtime.watch_parent`).
+- SIGUSR1 (a profile snapshot, ``PROFILE=cprofile``) is forwarded to every worker
+  that reported ready.
 
 **One inherited socket rather than SO_REUSEPORT.** With ``SO_REUSEPORT`` each
 worker binds its own socket and the kernel spreads connections over them by a
@@ -149,6 +151,7 @@ class Supervisor:
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._forward_signal)
         try:
             status = self._start_first()
             if status is not None:
@@ -176,6 +179,12 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_signal is None:
             self._stop_signal = signum
+
+    def _forward_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Pass ``signum`` on to the workers that are ready (a starting one may not handle it)."""
+        for worker in self.workers:
+            if worker.ready and worker.proc is not None:
+                worker.proc.send_signal(signum)  # nothing if it has exited
 
     def _start_first(self) -> int | None:
         """Start worker 0 and wait until it is ready; its exit status if it died first."""

@@ -36,13 +36,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
 
-__all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats"]
+__all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats", "WriterThreadHook"]
 
 logger = logging.getLogger("chat_server.store")
 
@@ -93,6 +93,45 @@ _T = TypeVar("_T")
 _Item = tuple[Message, Any]
 
 
+class WriterThreadHook(Protocol):
+    """Per-thread work the writer thread does for someone else (``PROFILE=cprofile``).
+
+    Every method is called on the writer thread. ``pending`` is read between
+    batches, without a lock: when true the writer calls :meth:`checkpoint` before
+    its next batch, waking for it if idle (``wake``, given to :meth:`thread_started`,
+    may be called from any thread to make it look). Methods must not raise.
+    """
+
+    pending: bool
+
+    def thread_started(self, wake: Callable[[], None]) -> None:
+        """The writer thread begins; ``wake`` makes it look at ``pending`` soon."""
+
+    def checkpoint(self) -> None:
+        """Between two batches, because ``pending`` was true."""
+
+    def thread_stopped(self) -> None:
+        """The writer thread ends (after its last batch)."""
+
+
+class _NoHook:
+    """The hook of a store nobody profiles: the writer reads ``pending`` once a batch."""
+
+    pending = False
+
+    def thread_started(self, wake: Callable[[], None]) -> None:
+        pass
+
+    def checkpoint(self) -> None:
+        pass
+
+    def thread_stopped(self) -> None:
+        pass
+
+
+_NO_HOOK: Final = _NoHook()
+
+
 class SqliteHistoryStore(LedgerStore):
     """A :class:`HistoryStore` on one SQLite file, with one writer thread and one reader thread.
 
@@ -102,7 +141,8 @@ class SqliteHistoryStore(LedgerStore):
     ``history_max`` > 0 each commit also deletes its rooms' messages older than the
     newest ``history_max``; ``seq`` still continues, since each room's last ``seq``
     is kept apart from its messages. Every method is called from the event loop
-    thread that called :meth:`start`.
+    thread that called :meth:`start`. ``writer_hook`` runs on the writer thread at
+    its start, between batches when it asks to, and at its end (profiling).
     """
 
     def __init__(
@@ -115,6 +155,7 @@ class SqliteHistoryStore(LedgerStore):
         batch_max: int = 1000,
         history_max: int = 0,
         busy_timeout_ms: int = 5000,
+        writer_hook: WriterThreadHook | None = None,
     ) -> None:
         """Configure the store; nothing is opened until :meth:`start`.
 
@@ -139,6 +180,7 @@ class SqliteHistoryStore(LedgerStore):
         self._batch_max = batch_max
         self._history_max = history_max
         self._busy_timeout_s = busy_timeout_ms / 1000
+        self._writer_hook: WriterThreadHook = _NO_HOOK if writer_hook is None else writer_hook
 
         # Shared between the loop and the writer, guarded by _cond.
         self._cond = threading.Condition(threading.Lock())
@@ -232,6 +274,11 @@ class SqliteHistoryStore(LedgerStore):
             self._stopping = True
             self._cond.notify()
 
+    def _wake_writer(self) -> None:
+        """Make an idle writer look at its hook's ``pending`` (any thread)."""
+        with self._cond:
+            self._cond.notify()
+
     # ---- writes ---------------------------------------------------------------
 
     def submit(self, message: Message, context: Any) -> None:
@@ -275,6 +322,8 @@ class SqliteHistoryStore(LedgerStore):
 
     def _run_writer(self, ready: concurrent.futures.Future[dict[str, int]]) -> None:
         """Writer thread: open the database, then commit batches until told to stop."""
+        hook = self._writer_hook
+        hook.thread_started(self._wake_writer)
         try:
             try:
                 conn = self._open_writer()
@@ -292,6 +341,7 @@ class SqliteHistoryStore(LedgerStore):
         except Exception:
             logger.exception("history store: writer thread failed")
         finally:
+            hook.thread_stopped()
             self._writer_stopped.set_result(None)
 
     def _open_writer(self) -> sqlite3.Connection:
@@ -333,20 +383,28 @@ class SqliteHistoryStore(LedgerStore):
         return conn
 
     def _write_batches(self, conn: sqlite3.Connection) -> None:
-        """Take up to ``batch_max`` queued messages at a time and commit them as one."""
+        """Take up to ``batch_max`` queued messages at a time and commit them as one.
+
+        Between batches, and when woken idle for it, runs the hook's checkpoint.
+        """
         loop = self._loop
         assert loop is not None
         queue = self._queue
+        hook = self._writer_hook
         while True:
             with self._cond:
-                while not queue and not self._stopping:
+                while not queue and not self._stopping and not hook.pending:
                     self._cond.wait(_IDLE_CHECK_S)
                     if not queue and loop.is_closed():
                         logger.warning("history store: event loop closed before close(); stopping")
                         return
-                if not queue:
-                    return  # stopping, and everything queued has been written
+                if not queue and self._stopping:
+                    return  # everything queued has been written
                 batch = [queue.popleft() for _ in range(min(len(queue), self._batch_max))]
+            if hook.pending:
+                hook.checkpoint()
+            if not batch:
+                continue  # woken for the hook only
             seqs, room_seqs, error = self._commit(conn, batch)
             try:
                 loop.call_soon_threadsafe(self._report, batch, seqs, room_seqs, error)

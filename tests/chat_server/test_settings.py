@@ -59,7 +59,9 @@ BAD_VALUES = {
     "WORKERS": "2",  # needs BROKER=redis
     "BROKER": "kafka",
     "TRANSPORT": "picows",  # not built yet
-    "PROFILE": "cprofile",  # not built yet
+    "PROFILE": "pyspy",
+    "PROFILE_INTERVAL_S": "0",
+    "PROFILE_RUN": "../elsewhere",
     "REGRESSION": "commit-per-message",
     "CHAT_PORT": "70000",
     "MAX_FRAME_BYTES": "lots",
@@ -92,6 +94,14 @@ def test_bad_value_exits_2_naming_the_variable(name: str, tmp_path: Path, keys: 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert name in lines[0] and BAD_VALUES[name] in lines[0]
+
+
+def test_profile_cprofile_is_accepted_with_its_directory_settings():
+    settings = Settings.from_mapping({"PROFILE": "cprofile"})
+    assert (settings.profile, settings.profile_interval_s) == ("cprofile", 10)
+    assert (settings.profile_dir, settings.profile_run) == ("profiles", "")
+    named = Settings.from_mapping({"PROFILE_DIR": "/tmp/lab", "PROFILE_RUN": "run-1.a"})
+    assert (named.profile_dir, named.profile_run) == ("/tmp/lab", "run-1.a")
 
 
 def test_deflate_max_window_needs_deflate():
