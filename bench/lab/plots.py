@@ -159,10 +159,10 @@ def latency_percentiles(results: Results, out_png: Path, driver: str) -> Path | 
             xs, meds, lows, highs = [], [], [], []
             for j, p in enumerate(PLOTTED_PERCENTILES):
                 figure = spread(s.latency_ms.get(p) for _, s in pairs)
-                if figure is None:
-                    continue
+                if figure is None or figure.low <= 0:
+                    continue  # not measured (a log axis has no 0)
                 xs.append(j - 0.4 + width * (i + 0.5))
-                meds.append(max(figure.median, 1e-3))
+                meds.append(figure.median)
                 lows.append(max(figure.median - figure.low, 0.0))
                 highs.append(max(figure.high - figure.median, 0.0))
             n = len(pairs)
@@ -226,7 +226,7 @@ def latency_over_time(results: Results, out_png: Path, driver: str) -> Path | No
         twin.fill_between(t, load, step="post", color="0.6", alpha=0.18, lw=0)
         twin.step(t, load, where="post", color="0.45", lw=1, label=load_label)
         twin.set_ylabel(load_label)
-        twin.set_ylim(bottom=0)
+        twin.set_ylim(0, max(load, default=0) * 1.3 or 1)  # headroom: keeps it off the SLO line
         ax.set_zorder(twin.get_zorder() + 1)
         ax.patch.set_visible(False)
         ax.plot(t, p99, color=colors.get(config), lw=1.6, label="p99")
@@ -454,7 +454,7 @@ def draw_all(results: Results, plots_dir: Path) -> list[Plot]:
 
 # --- helpers ----------------------------------------------------------------------------
 
-_THOUSANDS = FuncFormatter(lambda v, _pos: f"{v:,.0f}")
+_THOUSANDS = FuncFormatter(lambda v, _pos: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:g}")
 
 
 def _tab_colors() -> Sequence[tuple[float, ...]]:
@@ -541,10 +541,16 @@ def _timeline(run: Run, driver: str) -> tuple[list[float], list[float], list[flo
             offset = t[-1] + 1.0 - first
         for point in step.timeline:
             t.append(point.t_s + offset)
-            p50.append(math.nan if point.p50_ms is None else point.p50_ms)
-            p99.append(math.nan if point.p99_ms is None else point.p99_ms)
+            p50.append(_positive(point.p50_ms))
+            p99.append(_positive(point.p99_ms))
             load.append(point.users if driver == "locust" else step.offered_per_s or 0.0)
     return t, p50, p99, load
+
+
+def _positive(value: float | None) -> float:
+    """``value`` for a log axis: NaN (a gap) when it is missing or not above 0 (Locust
+    reports 0 for a second without a percentile)."""
+    return value if value is not None and value > 0 else math.nan
 
 
 def _pooled(runs: list[Run], role: str, value: object) -> tuple[np.ndarray, np.ndarray]:

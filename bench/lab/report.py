@@ -283,6 +283,8 @@ def _duration(seconds: float) -> str:
 
 
 def _value(value: Any) -> str:
+    if value is None:
+        return EMPTY
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int | float):
@@ -308,14 +310,33 @@ def _inline(value: Any) -> str:
     return _value(value)
 
 
+# keys of Results.configs entries with a column of their own
+_DESCRIBED_APART = frozenset({"env", "description", "target", "load", "same_as"})
+
+
+def _common(dicts: Sequence[Any]) -> dict[str, Any]:
+    """The items every dict shares; {} unless all are dicts."""
+    if not dicts or not all(isinstance(d, dict) for d in dicts):
+        return {}
+    return {k: v for k, v in dicts[0].items() if all(d.get(k) == v for d in dicts)}
+
+
+def _given(items: dict[str, Any]) -> dict[str, Any]:
+    """``items`` without the empty ones (None, "", False)."""
+    return {k: v for k, v in items.items() if v not in (None, "", False)}
+
+
 def _header(results: Results) -> list[Block]:
     runs = results.runs
     names = config_names(results)
     not_ok = [r for r in runs if r.status != "ok"]
     machine = "; ".join(f"{k} {_inline(v)}" for k, v in results.machine.items())
-    loads = [d["load"] for d in results.configs.values() if isinstance(d.get("load"), dict)]
-    common = (
-        {k: v for k, v in loads[0].items() if all(x.get(k) == v for x in loads)} if loads else {}
+    common_load = _common([d.get("load") for d in results.configs.values()])
+    common = _common(
+        [
+            {k: v for k, v in d.items() if k not in _DESCRIBED_APART}
+            for d in results.configs.values()
+        ]
     )
     facts = [
         f"matrix: {results.matrix}",
@@ -329,8 +350,10 @@ def _header(results: Results) -> list[Block]:
         if results.interrupted
         else "interrupted: no",
     ]
-    if common:
-        facts.append(f"load (every configuration unless noted): {_inline(common)}")
+    if _given(common_load):
+        facts.append(f"load (every configuration unless noted): {_inline(_given(common_load))}")
+    if _given(common):
+        facts.append(f"every configuration: {_inline(_given(common))}")
     blocks: list[Block] = [
         Heading(1, f"Lab report: {results.matrix}"),
         Bullets(facts),
@@ -348,10 +371,14 @@ def _header(results: Results) -> list[Block]:
         load = description.pop("load", None) or {}
         notes = [
             f"same as {v}" if k == "same_as" else f"{k} {_inline(v)}"
-            for k, v in description.items()
-            if v
+            for k, v in _given(description).items()
+            if k not in common
         ]
-        notes += [f"{k} {_inline(v)}" for k, v in load.items() if k not in common]
+        notes += [
+            f"load {k} {_inline(v) if v not in (None, '') else '(none)'}"
+            for k, v in load.items()
+            if k not in common_load
+        ]
         table.append(
             [
                 name,
@@ -699,25 +726,34 @@ def _ceilings(results: Results) -> list[Block]:
 def _capacity(results: Results) -> list[Block]:
     if not results.capacity:
         return []
-    blocks: list[Block] = [
+    return [
         Heading(2, "Capacity search"),
-        Para("What `lab capacity` found, as it recorded it."),
+        Para(
+            "What `python -m bench.lab capacity` found (fast driver), as it recorded it: "
+            "the highest delivered/s that held the SLO, the steps it climbed, the plan."
+        ),
+        *_free_form(results.capacity, 3),
     ]
+
+
+def _free_form(data: dict[str, Any], level: int) -> list[Block]:
+    """A nested dict as tables: scalars (and flat dicts) as key/value rows, lists of dicts
+    as tables of their own, dicts of dicts as sub-sections."""
     scalars: list[list[str]] = []
-    for name, value in results.capacity.items():
+    blocks: list[Block] = []
+    for name, value in data.items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             columns = list(dict.fromkeys(k for v in value for k in v))
-            blocks.append(Heading(3, name))
-            blocks.append(Table(columns, [[_value(v.get(c, "")) for c in columns] for v in value]))
-        elif isinstance(value, dict) and all(
-            not isinstance(v, dict | list) for v in value.values()
-        ):
+            blocks.append(Heading(level, str(name)))
+            blocks.append(Table(columns, [[_value(v.get(c)) for c in columns] for v in value]))
+        elif isinstance(value, dict) and any(isinstance(v, dict | list) for v in value.values()):
+            blocks.append(Heading(level, str(name)))
+            blocks += _free_form(value, min(level + 1, 4))
+        elif isinstance(value, dict):
             scalars += [[f"{name}.{k}", _value(v)] for k, v in value.items()]
         else:
-            scalars.append([name, _value(value)])
-    if scalars:
-        blocks.insert(2, Table(["key", "value"], scalars))
-    return blocks
+            scalars.append([str(name), _value(value)])
+    return ([Table(["key", "value"], scalars)] if scalars else []) + blocks
 
 
 _SERIES = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?$")
@@ -832,13 +868,22 @@ def _profiles(results: Results, out_dir: Path, profiles_dir: Path) -> list[Block
         blocks.append(
             Para(
                 f"cProfile snapshots of the server ({len(found)} of {len(paths)} found): "
-                + ", ".join(rel_paths)
+                + ", ".join(rel_paths[:4])
+                + (f" and {len(rel_paths) - 4} more" if len(rel_paths) > 4 else "")
             )
         )
         if not found:
             continue
         try:
             top = profiles.top_functions(found, TOP_FUNCTIONS)
+            if "total_s" in top:
+                blocks.append(
+                    Para(
+                        f"Own time over every profiled thread: {top['total_s']:.2f} s, of "
+                        f"which {top.get('waiting_s', 0.0):.2f} s waiting for work (left out "
+                        "of the tables; percentages are of the whole)."
+                    )
+                )
             for order in ("cumulative", "own"):
                 blocks.append(Para(f"Top {TOP_FUNCTIONS} functions by {order} time:"))
                 blocks.append(Markdown(profiles.markdown_table(top.get(order, []))))
@@ -881,6 +926,7 @@ def _numeric_columns(table: Table) -> list[bool]:
     return [
         i > 0
         and bool(table.rows)
+        and any(len(row) > i and row[i] for row in table.rows)
         and all(len(row) <= i or not row[i] or row[i][0] in _NUMERIC_START for row in table.rows)
         for i in range(len(table.header))
     ]
@@ -914,7 +960,7 @@ def to_markdown(blocks: Iterable[Block]) -> str:
 
 _CSS = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;
-max-width:1200px;padding:0 1em;color:#222}
+max-width:1500px;padding:0 1em;color:#222}
 h1{font-size:1.6em}h2{margin-top:2em;border-bottom:1px solid #ccc}h3{margin-top:1.5em}
 table{border-collapse:collapse;margin:0.8em 0;font-size:13px;display:block;overflow-x:auto}
 th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;white-space:nowrap}
@@ -950,6 +996,13 @@ def _pipe_table(text: str) -> Table | None:
     return Table(cells(lines[0]), [cells(line) for line in lines[2:]])
 
 
+def _html_cell(text: str) -> str:
+    """A cell's text, escaped; a whole-cell code span (profile tables' labels) as <code>."""
+    if len(text) > 1 and text.startswith("`") and text.endswith("`"):
+        return f"<code>{html.escape(text[1:-1])}</code>"
+    return html.escape(text)
+
+
 def to_html(blocks: Iterable[Block], title: str) -> str:
     """The blocks as one HTML page with inline CSS and every image as a data: URI."""
     esc = html.escape
@@ -975,7 +1028,9 @@ def to_html(blocks: Iterable[Block], title: str) -> str:
                 head = "".join(f"<th{k}>{esc(h)}</th>" for k, h in zip(cls, header, strict=True))
                 body = "".join(
                     "<tr>"
-                    + "".join(f"<td{k}>{esc(c)}</td>" for k, c in zip(cls, row, strict=False))
+                    + "".join(
+                        f"<td{k}>{_html_cell(c)}</td>" for k, c in zip(cls, row, strict=False)
+                    )
                     + "</tr>"
                     for row in rows
                 )

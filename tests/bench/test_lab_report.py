@@ -35,6 +35,31 @@ CPU = {BASELINE: 30.0, AA: 31.0, SLOW: 70.0, RELAY: 10.0}
 ROOM = 10
 STEP_S = 5.0
 LIMITED_NOTE = "sends fell 42 ms behind schedule"
+#: as bench.lab.capacity records a climb (edges per configuration, a plan)
+CAPACITY = {
+    "slo_ms": {"p99": 100.0},
+    "edges": {
+        BASELINE: {
+            "config": BASELINE,
+            "capacity_delivered_per_s": 20000,
+            "p99_ms_at_capacity": 16.5,
+            "first_break_offered_per_s": 8000.0,
+            "generator_limited_at_edge": False,
+            "steps": [
+                {"offered_per_s": 2000.0, "delivered_per_s": 20000, "p99_ms": 16.5, "holds": True},
+                {
+                    "offered_per_s": 8000.0,
+                    "delivered_per_s": 61000,
+                    "p99_ms": 240.0,
+                    "holds": False,
+                },
+            ],
+            "error": "",
+        },
+    },
+    "fraction_of_relay": 0.5,
+    "plan": {"target_delivered_per_s": 100000, "instances": 6},
+}
 
 
 def _latency(p50: float) -> dict[str, float]:
@@ -195,17 +220,7 @@ def _results() -> Results:
         configs=configs,
         runs=runs,
         ceilings={"fast": ceiling},
-        capacity={
-            "config": BASELINE,
-            "slo": "p99 < 100 ms",
-            "steps": [
-                {"offered_per_s": 2000, "delivered_per_s": 20000, "p99_ms": 16.5, "holds": True},
-                {"offered_per_s": 8000, "delivered_per_s": 61000, "p99_ms": 240.0, "holds": False},
-            ],
-            "capacity_delivered_per_s": 20000,
-            "target": 100000,
-            "instances": 5,
-        },
+        capacity=CAPACITY,
         duration_s=650.0,
     )
 
@@ -309,6 +324,10 @@ def test_header_capacity_and_metrics(report: tuple[Path, str, str]):
     assert "python -m bench.lab run serializers --repeat 3" in md
     assert "headline | p99 < 100 ms" in md and "p90 < 200 ms, p95 < 500 ms, p99 < 1000 ms" in md
     capacity = md.split("## Capacity search", 1)[1].split("\n## ", 1)[0]
+    assert "| slo_ms.p99 | 100 |" in capacity
+    assert "| fraction_of_relay | 0.50 |" in capacity
+    assert "| plan.instances | 6 |" in capacity
+    assert f"### edges\n\n#### {BASELINE}\n\n| key | value |" in capacity
     assert "| capacity_delivered_per_s | 20,000 |" in capacity
     assert "| 8,000 | 61,000 | 240 | no |" in capacity
     metrics = md.split("## Server metrics", 1)[1].split("\n## ", 1)[0]
@@ -400,9 +419,11 @@ def test_missing_data_skips_plots_and_says_so(tmp_path: Path):
 
 
 def test_empty_results_still_render(tmp_path: Path):
-    results = replace(_results(), runs=[], ceilings={}, capacity={}, interrupted=True)
+    flat_capacity = {"config": BASELINE, "capacity_delivered_per_s": 20000, "instances": 5}
+    results = replace(_results(), runs=[], ceilings={}, capacity=flat_capacity, interrupted=True)
     md_path, _ = write_report(results, tmp_path)
     md = md_path.read_text()
+    assert "| instances | 5 |" in md
     assert "- interrupted: yes" in md
     assert "No run produced a step" in md
     assert md.count("Skipped:") == 7
