@@ -7,7 +7,7 @@ the driver that measured it; medians are over repeats, with their min-max spread
 ratio to the baseline within the A/A noise floor or the repeats' spread reads
 "≈ no difference". Re-render a saved run::
 
-    python -m bench.lab.report results/2026-11-23T10-00/results.json [--out DIR]
+    python -m bench.lab.report reports/<time>-<matrix>/results.json [--out DIR]
 """
 
 from __future__ import annotations
