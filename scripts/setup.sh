@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the project needs now or soon: sqlite3 (inspect the history),
-# redis-server (scale-out), graphviz (call graphs in the lab report).
-DEB_PACKAGES="python3-venv sqlite3 redis-server graphviz"
+# Debian packages the project needs: sqlite3 (inspect the history), redis-server
+# (scale-out), graphviz (call graphs in the lab report), chromium (the test that opens
+# the lab's report.html in a real headless browser).
+DEB_PACKAGES="python3-venv sqlite3 redis-server graphviz chromium"
 if command -v apt-get >/dev/null 2>&1; then
   missing=""
   for pkg in $DEB_PACKAGES; do
@@ -20,7 +21,7 @@ if command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
   fi
 else
-  echo "setup: no apt-get here; install sqlite3, redis-server and graphviz yourself" >&2
+  echo "setup: no apt-get here; install sqlite3, redis-server, graphviz and chromium yourself" >&2
 fi
 
 PYTHON="${PYTHON:-python3}"

@@ -50,14 +50,14 @@ def _saved_ceilings() -> dict[str, Step]:
     return {k: Step.from_dict(v) for k, v in data.items()}
 
 
-def _finish(results: Results, out_dir: Path) -> int:
+def _finish(results: Results, out_dir: Path, profiles_dir: Path | None = None) -> int:
     """Write the report, print the summary and the paths; the exit status."""
     try:
         from bench.lab.report import summary_table, write_report
     except ImportError as exc:  # pragma: no cover - the report module is part of the lab
         print(f"report module missing ({exc}); results in {out_dir / 'results.json'}")
         return 1
-    md, html = write_report(results, out_dir)
+    md, html = write_report(results, out_dir, profiles_dir=profiles_dir)
     print()
     print(summary_table(results))
     print(f"\nreport: {md}\n        {html}\nresults: {out_dir / 'results.json'}")
@@ -238,7 +238,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Render a report again from results.json."""
     path = Path(args.results)
     results = Results.load(path)
-    return _finish(results, Path(args.out) if args.out else path.parent)
+    return _finish(results, Path(args.out) if args.out else path.parent, path.parent)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -119,10 +119,11 @@ class RelayProcess(ServiceProcess):
 
     module = "bench.relay"
 
-    def __init__(self, workdir: Path, cores: list[int]) -> None:
+    def __init__(self, workdir: Path, cores: list[int], transport: str = "websockets") -> None:
         self.workdir = workdir
         self.port = free_port()
         self.cores = cores
+        self.transport = transport
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.log_path = workdir / f"relay-{self.port}.log"
         self.proc = None
@@ -140,9 +141,21 @@ class RelayProcess(ServiceProcess):
             cores,
             "--event-loop",
             "uvloop",
+            "--transport",
+            self.transport,
             "--log-level",
             "warning",
         ]
+
+    def ready(self) -> bool:
+        """True once the relay accepts a TCP connection (the picows relay has no /healthz)."""
+        if self.transport == "websockets":
+            return super().ready()
+        import socket
+
+        with suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            return True
+        return False
 
     @property
     def url(self) -> str:
@@ -364,7 +377,8 @@ class Lab:
     def start_target(self, config: Config, workdir: Path) -> tuple[ServiceProcess, int]:
         """Start the configuration's server (or relay); it and its metrics port (0: none)."""
         if config.target == "relay":
-            relay = RelayProcess(workdir, self.server_cores).start()
+            transport = config.env.get("TRANSPORT", "websockets")
+            relay = RelayProcess(workdir, self.server_cores, transport).start()
             self._current.append(relay)
             return relay, 0
         assert self.auth is not None and self.keys is not None
@@ -424,6 +438,8 @@ class Lab:
             ",".join(map(str, self.generator_cores)) or "off",
             "--json-out",
             str(out),
+            "--t0-monotonic",
+            repr(sampler.t0),
         ]
         if config.target == "chat":
             assert self.token_file is not None
@@ -485,6 +501,7 @@ class Lab:
             command += ["--auth-mode", "login", "--auth-url", auth_url]
         else:
             command += ["--auth-mode", "prelogin", "--token-file", str(self.token_file)]
+        started_s = round(time.monotonic() - sampler.t0, 3)
         proc = self._spawn(command, locust_dir, "locust.log")
         # Locust does not pin itself: pin it (and its greenlets' one thread) right away
         self._pin(proc, self.generator_cores)
@@ -495,7 +512,9 @@ class Lab:
             tail = (locust_dir / "locust.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"Locust wrote no delivery report:\n{tail}")
         active_s = sum(s.duration_s for s in _locust_stages(load) if not s.quiet)
-        return locust_step(locust_dir, active_s, load.room_size)
+        step = locust_step(locust_dir, active_s, load.room_size)
+        step.started_s = started_s
+        return step
 
     def run_config(self, matrix: Matrix, config: Config, repeat: int) -> Run:
         """Start, drive, sample and stop one configuration once; its Run (status says how)."""
