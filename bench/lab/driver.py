@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
 import math
+import os
 import sys
 import time
 from array import array
@@ -79,6 +81,7 @@ MARKER = b"~ts="
 DIGITS = 19
 #: the shortest body: the marker and the digits
 MIN_BODY_CHARS = len(MARKER) + DIGITS
+_MARKER_LEN, _MARKER_END = len(MARKER), len(MARKER) + DIGITS
 
 #: HDR histogram range and precision, microseconds
 HIST_MIN_US, HIST_MAX_US, HIST_DIGITS = 1, 60_000_000, 3
@@ -91,6 +94,12 @@ BEHIND_SHARE = 0.01
 MAX_LAG_LIMIT_MS = 50.0
 #: sends made in one go before the scheduler lets received frames in
 MAX_BATCH = 512
+#: the scheduler wakes at most this often: sends due sooner leave together, this much late
+MIN_WAKE_INTERVAL_NS = 200_000
+#: arrivals are counted this often (each a pause of well under a millisecond) ...
+FLUSH_INTERVAL_NS = 100_000_000
+#: ... and a timeline point closes this often
+POINT_INTERVAL_NS = 1_000_000_000
 #: bytes one connection may hold unsent; past it its sends are dropped and counted
 MAX_BUFFERED_BYTES = 4 * 2**20
 #: sends per connection remembered for ack latency; past it the oldest are forgotten
@@ -334,50 +343,159 @@ def frame_kind_reader(codec: Codec) -> Callable[[bytes], str]:
     return json_kind
 
 
+# ---- waking on time -----------------------------------------------------------------------
+
+_CLOCK_MONOTONIC = 1  # perf_counter_ns's clock on Linux
+_TFD_NONBLOCK = os.O_NONBLOCK
+_TFD_CLOEXEC = os.O_CLOEXEC
+_TFD_TIMER_ABSTIME = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = (("it_interval", _Timespec), ("it_value", _Timespec))
+
+
+class WakeTimer:
+    """Wakes a coroutine at a ``perf_counter_ns`` time, to a few microseconds (a timerfd).
+
+    uvloop's timers round to whole milliseconds (a 0.4 ms sleep returns at once, a
+    0.6 ms one after 1.1 ms), so sleeping to each scheduled send either spins or
+    sends late; a timerfd in the loop's poll wakes it when due, spinning never.
+    """
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = self._libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create")
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._spec = _Itimerspec()
+        self._loop.add_reader(self._fd, self._fired)
+
+    def _fired(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:
+            return  # re-armed before this callback ran: not expired yet
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def sleep_until(self, when_ns: int) -> None:
+        """Return at ``when_ns`` (``perf_counter_ns`` clock) or just after; at once if past."""
+        if when_ns <= perf_counter_ns():
+            await asyncio.sleep(0)
+            return
+        value = self._spec.it_value
+        value.tv_sec, value.tv_nsec = divmod(when_ns, 1_000_000_000)
+        if self._libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None):
+            raise OSError(ctypes.get_errno(), "timerfd_settime")
+        self._waiter = self._loop.create_future()
+        await self._waiter
+
+    def close(self) -> None:
+        """Stop watching the timer and close it."""
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+
+
 # ---- latencies ----------------------------------------------------------------------------
 
 
 class LatencyHistogram:
-    """Latencies in microseconds, added a second at a time, in an HDR histogram."""
+    """Latencies in microseconds counted in HDR's buckets (1 us .. 60 s, 3 significant digits).
+
+    Counting is numpy's (``bincount`` over the buckets' indices), so a batch of
+    deliveries costs little and never one ``hdrh`` call per value; percentiles are
+    read as ``hdrh`` reads them, and :meth:`to_hdr` gives the same histogram as
+    recording each value into an ``HdrHistogram``.
+    """
 
     def __init__(self) -> None:
-        self.histogram = HdrHistogram(HIST_MIN_US, HIST_MAX_US, HIST_DIGITS)
+        self.counts = np.zeros(_HDR_COUNTS_LEN, dtype=np.int64)
 
     def add(self, values_us: np.ndarray) -> None:
-        """Record every value (clipped to the histogram's range).
+        """Count every value (clipped to the histogram's range)."""
+        if len(values_us):
+            values = np.clip(values_us, 0, HIST_MAX_US)
+            self.counts += np.bincount(_hdr_index(values), minlength=_HDR_COUNTS_LEN)
 
-        Values are first cut to the lowest value HDR treats as equal (2048 exact
-        steps per power of two at 3 digits), so one ``record_value`` per distinct
-        step replaces one per value: the counts are the same, the cost much less.
-        """
-        if not len(values_us):
-            return
-        values = np.clip(values_us, 0, HIST_MAX_US)
-        bit_length = np.frexp(values)[1].astype(np.int64)
-        shift = np.maximum(bit_length - 11, 0)
-        steps, counts = np.unique((values >> shift) << shift, return_counts=True)
-        record = self.histogram.record_value
-        for value, count in zip(steps.tolist(), counts.tolist(), strict=True):
-            record(value, count)
+    def merge_into(self, other: LatencyHistogram) -> None:
+        """Add these counts to ``other``'s and start from zero again."""
+        other.counts += self.counts
+        self.counts[:] = 0
 
     @property
     def count(self) -> int:
         """How many values were added."""
-        return int(self.histogram.get_total_count())
+        return int(self.counts.sum())
+
+    def value_at_percentile(self, percentile: float) -> int:
+        """The value at ``percentile`` (0 < percentile <= 100), as ``hdrh`` answers; 0 if empty."""
+        cumulative = np.cumsum(self.counts)
+        total = int(cumulative[-1])
+        if not total:
+            return 0
+        target = max(int(min(percentile, 100.0) * total / 100 + 0.5), 1)
+        return _hdr_highest_value(int(np.searchsorted(cumulative, target)))
 
     def percentiles_ms(self) -> dict[str, float]:
         """:data:`~bench.lab.results.PERCENTILES` in milliseconds; empty when nothing was added."""
         if not self.count:
             return {}
-        h = self.histogram
         quantiles = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
-        result = {k: h.get_value_at_percentile(q) / 1000 for k, q in quantiles.items()}
-        result["max"] = h.get_max_value() / 1000
+        result = {k: self.value_at_percentile(q) / 1000 for k, q in quantiles.items()}
+        result["max"] = _hdr_highest_value(int(np.flatnonzero(self.counts)[-1])) / 1000
         return {k: round(result[k], 3) for k in PERCENTILES}
+
+    def to_hdr(self) -> HdrHistogram:
+        """The counts as an ``hdrh`` histogram."""
+        histogram = HdrHistogram(HIST_MIN_US, HIST_MAX_US, HIST_DIGITS)
+        nonzero = np.flatnonzero(self.counts)
+        for index, count in zip(nonzero.tolist(), self.counts[nonzero].tolist(), strict=True):
+            histogram.record_value(_hdr_lowest_value(index), count)
+        return histogram
 
     def encoded(self) -> str:
         """The histogram, base64 (``hdrh`` encode); empty when nothing was added."""
-        return self.histogram.encode().decode("ascii") if self.count else ""
+        return self.to_hdr().encode().decode("ascii") if self.count else ""
+
+
+# HDR's layout at 3 significant digits from 1 us: values below 2048 have a bucket each,
+# then each power of two has 1024 buckets, each 2**shift wide
+_HDR_COUNTS_LEN = HdrHistogram(HIST_MIN_US, HIST_MAX_US, HIST_DIGITS).counts_len
+_HALF_MAGNITUDE = 10
+
+
+def _hdr_index(values: np.ndarray) -> np.ndarray:
+    """HDR's counts index of each value (as ``HdrHistogram._counts_index_for``)."""
+    shift = np.maximum(np.frexp(values)[1].astype(np.int64) - (_HALF_MAGNITUDE + 1), 0)
+    return (shift << _HALF_MAGNITUDE) + (values >> shift)
+
+
+def _hdr_lowest_value(index: int) -> int:
+    """The lowest value counted at HDR counts index ``index``."""
+    shift = max((index >> _HALF_MAGNITUDE) - 1, 0)
+    return (index - (shift << _HALF_MAGNITUDE)) << shift
+
+
+def _hdr_highest_value(index: int) -> int:
+    """The highest value counted at HDR counts index ``index``."""
+    shift = max((index >> _HALF_MAGNITUDE) - 1, 0)
+    return _hdr_lowest_value(index) + (1 << shift) - 1
+
+
+_POWERS_OF_TEN = 10 ** np.arange(DIGITS - 1, -1, -1, dtype=np.int64)
+
+
+def parse_times(digits: bytes) -> np.ndarray:
+    """The scheduled times in ``digits``: DIGITS ASCII digits each, back to back."""
+    matrix = np.frombuffer(digits, dtype=np.uint8).reshape(-1, DIGITS).astype(np.int64) - 48
+    return matrix @ _POWERS_OF_TEN
 
 
 def _take(values: array[int]) -> np.ndarray:
@@ -402,7 +520,7 @@ class StepRecorder:
         self.start_ns = 0
         self.end_ns = 0
         self.sent = 0
-        self.sent_at_tick = 0
+        self.sent_at_point = 0
         self.expected = 0
         self.late_sends = 0
         self.behind_sends = 0
@@ -410,6 +528,7 @@ class StepRecorder:
         self.delivered = 0
         self.errors: Counter[str] = Counter()
         self.latency = LatencyHistogram()
+        self.point_latency = LatencyHistogram()  # since the last timeline point
         self.ack_latency = LatencyHistogram()
         self.timeline: list[TimePoint] = []
         self.cpu_percent: float | None = None
@@ -492,7 +611,8 @@ class Connection(WSListener):  # type: ignore[misc]
         "members",
         "paused",
         "record_ack",
-        "record_delivery",
+        "record_digits",
+        "record_received_ns",
         "seen",
         "send",
         "transport",
@@ -508,7 +628,8 @@ class Connection(WSListener):  # type: ignore[misc]
         self.members = members
         self.frame = frame
         self.digits = digits
-        self.record_delivery = driver.delivery_us.append
+        self.record_digits = driver.delivery_digits.extend
+        self.record_received_ns = driver.delivery_received_ns.append
         self.record_ack = driver.ack_us.append
         # scheduled times of sends not acked yet, in order (chat: one ack per send)
         self.ack_sent_ns: deque[int] = deque(maxlen=MAX_PENDING_ACKS if driver.acks else 0)
@@ -526,15 +647,12 @@ class Connection(WSListener):  # type: ignore[misc]
         self.send = transport.send
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
+        # the hot path: a delivery's digits and receive time, parsed a second at a time
         payload = frame.get_payload_as_bytes()
         at = payload.find(MARKER)
         if at >= 0:
-            at += len(MARKER)
-            scheduled_ns = int(payload[at : at + DIGITS])
-            if scheduled_ns >= self.driver.window_start_ns:
-                self.record_delivery((perf_counter_ns() - scheduled_ns) // 1000)
-            else:
-                self.driver.delivered_outside_window(scheduled_ns)
+            self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
+            self.record_received_ns(perf_counter_ns())
             return
         self._other_frame(transport, frame, payload)
 
@@ -618,8 +736,10 @@ class Driver:
         if config.t0_monotonic is not None:
             self.origin_ns -= int((time.monotonic() - config.t0_monotonic) * 1e9)
         self.process = psutil.Process()
-        # receive times minus scheduled times, microseconds, since the last tick
-        self.delivery_us: array[int] = array("q")
+        # since the last flush (a tenth of a second's worth): each delivery's scheduled
+        # time (DIGITS ASCII digits) and receive time; each ack's latency in microseconds
+        self.delivery_digits = bytearray()
+        self.delivery_received_ns: array[int] = array("q")
         self.ack_us: array[int] = array("q")
         # deliveries scheduled before this count to earlier steps (or to the warmup)
         self.window_start_ns = 2**63
@@ -629,6 +749,7 @@ class Driver:
         self.current: StepRecorder | None = None
         self.finished: list[tuple[StepRecorder, Step]] = []
         self.next_connection = 0
+        self.timer: WakeTimer  # made in run(): it needs the running loop
 
     # connections ---------------------------------------------------------------------------
 
@@ -722,12 +843,14 @@ class Driver:
         except Exception:  # an undecodable error frame is still an error
             return "undecodable error"
 
-    def delivered_outside_window(self, scheduled_ns: int) -> None:
-        """A delivery scheduled before the current step: after its own step's drain."""
+    def _count_after_drain(self, scheduled_ns: np.ndarray) -> None:
+        """Deliveries scheduled before the current step: after their own step's drain."""
         for recorder, step in self.finished:
-            if recorder.start_ns <= scheduled_ns < recorder.end_ns:
-                step.error_detail["after_drain"] = step.error_detail.get("after_drain", 0) + 1
-                return
+            late = int(
+                ((scheduled_ns >= recorder.start_ns) & (scheduled_ns < recorder.end_ns)).sum()
+            )
+            if late:
+                step.error_detail["after_drain"] = step.error_detail.get("after_drain", 0) + late
 
     # sending -------------------------------------------------------------------------------
 
@@ -745,6 +868,7 @@ class Driver:
         i = self.next_connection
         sent = expected = late = behind = 0
         max_lag = recorder.max_lag_ns
+        timer = self.timer
         while k < total:
             conns = self.open_connections
             if not conns:
@@ -787,39 +911,50 @@ class Driver:
             if batch >= MAX_BATCH:
                 await asyncio.sleep(0)
             elif k < total:
-                await asyncio.sleep(max(0, due - perf_counter_ns()) / 1e9)
+                await timer.sleep_until(max(due, now + MIN_WAKE_INTERVAL_NS))
 
     # steps ---------------------------------------------------------------------------------
 
-    def _tick(self, recorder: StepRecorder, since_ns: int, now_ns: int) -> None:
-        """Move what arrived since the last tick into ``recorder``; one timeline point."""
-        deliveries = _take(self.delivery_us)
-        recorder.latency.add(deliveries)
+    def _flush(self, recorder: StepRecorder) -> None:
+        """Count what arrived since the last flush into ``recorder`` (deliveries and acks)."""
+        scheduled_ns = parse_times(bytes(self.delivery_digits))
+        del self.delivery_digits[:]
+        received_ns = _take(self.delivery_received_ns)
+        in_window = scheduled_ns >= self.window_start_ns
+        if not in_window.all():
+            self._count_after_drain(scheduled_ns[~in_window])
+        deliveries_us = (received_ns[in_window] - scheduled_ns[in_window]) // 1000
+        recorder.point_latency.add(deliveries_us)
+        recorder.delivered += len(deliveries_us)
         recorder.ack_latency.add(_take(self.ack_us))
-        recorder.delivered += len(deliveries)
+
+    def _time_point(self, recorder: StepRecorder, since_ns: int, now_ns: int) -> None:
+        """Close the timeline point since ``since_ns``: its rates and percentiles."""
+        point = recorder.point_latency
+        delivered = point.count
         seconds = (now_ns - since_ns) / 1e9
-        p50 = p99 = None
-        if len(deliveries):
-            p50, p99 = (round(float(v) / 1000, 3) for v in np.percentile(deliveries, [50, 99]))
         recorder.timeline.append(
             TimePoint(
                 t_s=round((now_ns - self.origin_ns) / 1e9, 3),
                 users=len(self.open_connections),
-                sent_per_s=round((recorder.sent - recorder.sent_at_tick) / seconds, 1),
-                delivered_per_s=round(len(deliveries) / seconds, 1),
-                p50_ms=p50,
-                p99_ms=p99,
+                sent_per_s=round((recorder.sent - recorder.sent_at_point) / seconds, 1),
+                delivered_per_s=round(delivered / seconds, 1),
+                p50_ms=point.value_at_percentile(50) / 1000 if delivered else None,
+                p99_ms=point.value_at_percentile(99) / 1000 if delivered else None,
             )
         )
-        recorder.sent_at_tick = recorder.sent
+        recorder.sent_at_point = recorder.sent
+        point.merge_into(recorder.latency)
 
     async def run_step(
         self, rate: float, recorder: StepRecorder, drain_s: float, *, recorded: bool = True
     ) -> None:
         """Send at ``rate`` for the step, then drain; the recorder holds the results.
 
-        With ``recorded`` False (the warmup) no delivery counts: they all arrive
-        outside the window of a recorded step.
+        Arrivals are counted every :data:`FLUSH_INTERVAL_NS` (short pauses, not one long
+        one a second), a timeline point closes every :data:`POINT_INTERVAL_NS`. With
+        ``recorded`` False (the warmup) no delivery counts: they all arrive outside the
+        window of a recorded step.
         """
         start_ns = perf_counter_ns()
         if recorded:
@@ -827,34 +962,48 @@ class Driver:
         recorder.start_ns = start_ns
         if self.config.t0_monotonic is not None:
             recorder.started_s = round((start_ns - self.origin_ns) / 1e9, 3)
-        recorder.end_ns = start_ns + int(recorder.duration_s * 1e9)
+        end_ns = recorder.end_ns = start_ns + int(recorder.duration_s * 1e9)
+        stop_ns = end_ns + int(drain_s * 1e9)
         self.current = recorder
         cpu_before = self.process.cpu_times()
         sender = asyncio.ensure_future(self.send_schedule(rate, recorder))
-        stop_ns = recorder.end_ns + int(drain_s * 1e9)
-        ticks = sorted({*range(start_ns + 10**9, stop_ns, 10**9), recorder.end_ns, stop_ns})
-        last_ns = start_ns
-        for tick_ns in ticks:
-            await asyncio.sleep(max(0, tick_ns - perf_counter_ns()) / 1e9)
-            if tick_ns == recorder.end_ns:
+        every = range(start_ns + FLUSH_INTERVAL_NS, stop_ns, FLUSH_INTERVAL_NS)
+        flushes = sorted({*every, end_ns, stop_ns})
+        point_ns = start_ns
+        for flush_ns in flushes:
+            await asyncio.sleep(max(0, flush_ns - perf_counter_ns()) / 1e9)
+            if flush_ns == end_ns:
                 await sender
                 cpu_after = self.process.cpu_times()
                 used_s = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
                 recorder.cpu_percent = 100 * used_s / ((perf_counter_ns() - start_ns) / 1e9)
-            now_ns = perf_counter_ns()
-            self._tick(recorder, last_ns, now_ns)
-            last_ns = now_ns
+            self._flush(recorder)
+            if (flush_ns - start_ns) % POINT_INTERVAL_NS == 0 or flush_ns in (end_ns, stop_ns):
+                now_ns = perf_counter_ns()
+                self._time_point(recorder, point_ns, now_ns)
+                point_ns = now_ns
         await sender
 
     async def run(self) -> int:
         """Connect, warm up, run every step, close; return the exit status."""
-        config = self.config
+        self.timer = WakeTimer()
         try:
             await self.connect_all()
         except SetupError as exc:
             print(f"driver: could not open the connections: {exc}", file=sys.stderr)
+            self.timer.close()
             return EXIT_CONNECT_FAILED
         log.info("%d connections open", len(self.connections))
+        try:
+            await self._run_steps()
+        finally:
+            self.current = None
+            await self.close_all()
+            self.timer.close()
+        return EXIT_OK
+
+    async def _run_steps(self) -> None:
+        config = self.config
         steps: list[Step] = []
         first = StepRecorder(
             f"rate {config.rates[0]:g}/s", config.rates[0], config.step_s, config.connections
@@ -864,8 +1013,6 @@ class Driver:
             warmup.errors = first.errors  # errors while warming up count to the first step
             self.current = warmup
             await self.run_step(config.rates[0], warmup, drain_s=0, recorded=False)
-            _take(self.delivery_us)
-            _take(self.ack_us)
         for index, rate in enumerate(config.rates):
             recorder = (
                 first
@@ -878,10 +1025,6 @@ class Driver:
             steps.append(step)
             print(summary_line(step), file=sys.stderr, flush=True)
             self.write(steps)
-        self.current = None
-        await self.close_all()
-        self.write(steps)
-        return EXIT_OK
 
     def write(self, steps: list[Step]) -> None:
         """Write ``--json-out`` (atomically), if asked."""

@@ -188,8 +188,13 @@ def test_latencies_added_in_bulk_count_as_if_recorded_one_by_one() -> None:
     bulk.add(np.array(values[:2500], dtype=np.int64))
     bulk.add(np.array(values[2500:], dtype=np.int64))
     assert bulk.count == len(values)
+    hdr = bulk.to_hdr()
+    assert list(hdr.counts) == list(one_by_one.counts)
+    assert hdr.get_max_value() == one_by_one.get_max_value()
     for q in (1, 50, 90, 99, 99.9, 100):
-        assert bulk.histogram.get_value_at_percentile(q) == one_by_one.get_value_at_percentile(q)
+        assert hdr.get_value_at_percentile(q) == one_by_one.get_value_at_percentile(q)
+        assert bulk.value_at_percentile(q) == one_by_one.get_value_at_percentile(q)
+    assert bulk.percentiles_ms()["max"] == one_by_one.get_max_value() / 1000
 
 
 def test_the_picows_relay_keeps_the_relay_contract(tmp_path: Path) -> None:
