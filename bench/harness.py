@@ -210,14 +210,23 @@ class RedisProcess(ServiceProcess):
     """A private ``redis-server`` on a free port, its files in ``workdir``.
 
     ``appendonly=True`` keeps an AOF fsynced on every write (``appendfsync
-    always``), so the data survives :meth:`stop` and :meth:`kill` and a restart
-    on the same port and directory; otherwise nothing is persisted.
+    always``, or ``fsync="everysec"``: Redis' default AOF policy), so the data
+    survives :meth:`stop` and :meth:`kill` and a restart on the same port and
+    directory; otherwise nothing is persisted.
     """
 
-    def __init__(self, workdir: Path, *, appendonly: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        appendonly: bool = False,
+        port: int | None = None,
+        fsync: str = "always",
+    ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.fsync = fsync
         self.env = dict(os.environ)
         self.log_path = workdir / f"redis-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -231,7 +240,7 @@ class RedisProcess(ServiceProcess):
         """``redis-server`` with everything on the command line (no config file)."""
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         persistence = (
-            ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+            ["--appendonly", "yes", "--appendfsync", self.fsync, "--save", ""]
             if self.appendonly
             else ["--appendonly", "no", "--save", ""]
         )

@@ -66,6 +66,8 @@ def climb(
         server, _ = lab.start_target(config, workdir)
         assert server.proc is not None
         sampler.watch("server", server.proc.pid)
+        if lab.redis is not None and lab.redis.proc is not None:
+            sampler.watch("redis", lab.redis.proc.pid)
         time.sleep(load.settle_s)
         url = server.url  # type: ignore[attr-defined]
         rate = start_rate
@@ -94,8 +96,7 @@ def climb(
         run.error = str(exc)[-4000:]
     finally:
         if server is not None:
-            server.stop()
-            lab._current.remove(server)
+            lab.stop_target(server, run)
         run.samples = sampler.stop()
     return run
 

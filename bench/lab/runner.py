@@ -33,7 +33,15 @@ from typing import Any
 
 import psutil
 
-from bench.harness import ROOT, AuthProcess, KeyPair, ServerProcess, ServiceProcess, free_port
+from bench.harness import (
+    ROOT,
+    AuthProcess,
+    KeyPair,
+    RedisProcess,
+    ServerProcess,
+    ServiceProcess,
+    free_port,
+)
 from bench.lab.matrix import Config, Load, Matrix
 from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint
 from bench.lab.sampler import Sampler
@@ -278,6 +286,7 @@ class Lab:
     token_file: Path | None = None
     t0: float = field(default_factory=time.monotonic)
     interrupted: bool = False
+    redis: RedisProcess | None = None  # the current configuration's, with BROKER=redis
     _children: list[subprocess.Popen[Any]] = field(default_factory=list)
     _current: list[ServiceProcess] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -405,9 +414,40 @@ class Lab:
                     **{k: v for k, v in LAB_AUTH.items() if k != "LOG_LEVEL"},
                 }
             )
+        if env.get("BROKER") == "redis":
+            # Redis' default AOF policy (everysec): an acked message survives a crash of
+            # the server or of Redis, as SQLite's synchronous=normal survives the server's
+            self.redis = RedisProcess(workdir, appendonly=True, fsync="everysec").start()
+            self._pin(self.redis.proc, self._cores_of(env))
+            self._current.append(self.redis)
+            env["REDIS_URL"] = self.redis.url
         server = ServerProcess(workdir, self.keys, **env).start(timeout_s=30)
         self._current.append(server)
         return server, metrics_port
+
+    def stop_target(self, server: ServiceProcess, run: Run) -> None:
+        """Stop the server (SIGTERM: a clean drain) and its Redis; a failure goes into ``run``."""
+        try:
+            status = server.stop()
+            if status not in (0, None) and run.status == "ok":
+                run.status = "failed"
+                run.error = f"server exited {status}:\n{server.log()[-2000:]}"
+        except subprocess.TimeoutExpired:
+            run.error += "\nthe server did not stop within 20 s after SIGTERM"
+        with suppress(ValueError):
+            self._current.remove(server)
+        if self.redis is not None:
+            with suppress(Exception):
+                self.redis.stop()
+            with suppress(ValueError):
+                self._current.remove(self.redis)
+            self.redis = None
+
+    def _cores_of(self, env: dict[str, str]) -> list[int]:
+        """The cores a server setting pins to (all usable ones for ``off``)."""
+        from chat_server.settings import parse_core_list
+
+        return list(parse_core_list(env.get("CPU_AFFINITY", "off")) or usable_cores())
 
     def fast_step(
         self, config: Config, load: Load, url: str, workdir: Path, sampler: Sampler
@@ -537,6 +577,8 @@ class Lab:
             server, metrics_port = self.start_target(config, workdir)
             assert server.proc is not None
             sampler.watch("server", server.proc.pid)
+            if self.redis is not None and self.redis.proc is not None:
+                sampler.watch("redis", self.redis.proc.pid)
             if config.env.get("CPU_AFFINITY") == "off":
                 run.server_cores = []
             time.sleep(load.settle_s)
@@ -562,15 +604,7 @@ class Lab:
             for proc in list(self._children):
                 self._stop_popen(proc)
             if server is not None:
-                try:
-                    status = server.stop()
-                    if status not in (0, None) and run.status == "ok":
-                        run.status = "failed"
-                        run.error = f"server exited {status}:\n{server.log()[-2000:]}"
-                except subprocess.TimeoutExpired:
-                    run.error += "\nthe server did not stop within 20 s after SIGTERM"
-                with suppress(ValueError):
-                    self._current.remove(server)
+                self.stop_target(server, run)
             run.samples = sampler.stop()
             prof_root = workdir / "profiles"
             run.profiles = [
