@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("websockets").setLevel(logging.WARNING)
     logging.getLogger("picows").setLevel(logging.WARNING)  # it logs every connection at INFO
+    # picows' transports warn once per write to a peer that reset, until its close is handled
+    logging.getLogger("aiofastnet").setLevel(logging.ERROR)
     pin_cpus(args.cores)
     raise_open_files_limit(MAX_CONNECTIONS)
     serve_relay = run

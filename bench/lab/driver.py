@@ -1040,6 +1040,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the driver with the command line's options; return the exit status."""
     config = parse_args(argv)
     logging.getLogger("picows").setLevel(logging.WARNING)  # it logs every connection at INFO
+    # picows' transports warn once per write to a peer that reset, until its close is handled
+    logging.getLogger("aiofastnet").setLevel(logging.ERROR)
     pin_cpus(config.cores)
     raise_open_files_limit(config.connections)
     with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
