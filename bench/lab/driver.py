@@ -29,7 +29,9 @@ replace acks). Timeline points are seconds since the driver started, or since
 
 A step is ``generator_limited`` when the driver used more than 90 % of one core
 during its send phase, when more than 1 % of its sends left more than 5 ms late,
-or when one left more than 50 ms late: its figures then measure the driver too.
+when one left more than 50 ms late, or when it waited, runnable, for its core more
+than 10 % of the time (Linux schedstat: another process or the kernel ran there):
+its figures then measure the driver too.
 
 Exit status: 0 when every step ran, 1 when the connections could not be opened
 (or joined), 2 for a bad argument.
@@ -92,6 +94,8 @@ CPU_LIMIT_PERCENT = 90.0
 BEHIND_NS = 5_000_000
 BEHIND_SHARE = 0.01
 MAX_LAG_LIMIT_MS = 50.0
+#: ... or share of the send phase the driver spent runnable but waiting for its core
+RUNQ_WAIT_LIMIT = 0.10
 #: sends made in one go before the scheduler lets received frames in
 MAX_BATCH = 512
 #: the scheduler wakes at most this often: sends due sooner leave together, this much late
@@ -532,6 +536,7 @@ class StepRecorder:
         self.ack_latency = LatencyHistogram()
         self.timeline: list[TimePoint] = []
         self.cpu_percent: float | None = None
+        self.runq_wait_share: float | None = None  # of the send phase (Linux schedstat)
 
     def result(self) -> Step:
         """The step as the results model has it, with the generator-limited verdict."""
@@ -546,6 +551,11 @@ class StepRecorder:
         max_lag_ms = self.max_lag_ns / 1e6
         if max_lag_ms > MAX_LAG_LIMIT_MS:
             notes.append(f"max send lag {max_lag_ms:.1f} ms > {MAX_LAG_LIMIT_MS:g} ms")
+        if self.runq_wait_share is not None and self.runq_wait_share > RUNQ_WAIT_LIMIT:
+            notes.append(
+                f"driver waited for its core {self.runq_wait_share:.0%} of the time"
+                f" (> {RUNQ_WAIT_LIMIT:.0%}): something else ran there"
+            )
         return Step(
             driver="fast",
             name=self.name,
@@ -713,6 +723,15 @@ class Connection(WSListener):  # type: ignore[misc]
         assert self.transport is not None
         buffered = self.transport.underlying_transport.get_write_buffer_size()
         return bool(buffered > MAX_BUFFERED_BYTES)
+
+
+def _runq_wait_ns() -> int | None:
+    """Nanoseconds this thread has waited, runnable, for a CPU (None where Linux does not say)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _not_connected(*_: object) -> None:
@@ -966,6 +985,7 @@ class Driver:
         stop_ns = end_ns + int(drain_s * 1e9)
         self.current = recorder
         cpu_before = self.process.cpu_times()
+        runq_before_ns = _runq_wait_ns()
         sender = asyncio.ensure_future(self.send_schedule(rate, recorder))
         every = range(start_ns + FLUSH_INTERVAL_NS, stop_ns, FLUSH_INTERVAL_NS)
         flushes = sorted({*every, end_ns, stop_ns})
@@ -976,7 +996,11 @@ class Driver:
                 await sender
                 cpu_after = self.process.cpu_times()
                 used_s = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-                recorder.cpu_percent = 100 * used_s / ((perf_counter_ns() - start_ns) / 1e9)
+                elapsed_ns = perf_counter_ns() - start_ns
+                recorder.cpu_percent = 100 * used_s / (elapsed_ns / 1e9)
+                runq_after_ns = _runq_wait_ns()
+                if runq_before_ns is not None and runq_after_ns is not None:
+                    recorder.runq_wait_share = (runq_after_ns - runq_before_ns) / elapsed_ns
             self._flush(recorder)
             if (flush_ns - start_ns) % POINT_INTERVAL_NS == 0 or flush_ns in (end_ns, stop_ns):
                 now_ns = perf_counter_ns()
