@@ -1,30 +1,73 @@
 """Prometheus metrics on ``CHAT_HOST:METRICS_PORT/metrics`` (``METRICS_PORT=0``: off).
 
 The per-message path only bumps plain integers (frames in and out, errors by code,
-ack-latency buckets); everything is turned into Prometheus families at scrape
-time by a custom collector, on the event loop, so a scrape sees one consistent
-snapshot and the hot path never takes prometheus_client's locks.
+ack-latency buckets), whatever ``WORKERS`` is. One process (``WORKERS=1``) turns
+them into Prometheus families at scrape time with a custom collector
+(:class:`ChatCollector`, served by :class:`MetricsServer` on the event loop), so a
+scrape sees one consistent snapshot and the hot path never takes prometheus_client's
+locks.
+
+With ``WORKERS`` above 1 the supervisor serves ``METRICS_PORT``
+(:class:`WorkersMetricsServer`) from prometheus_client's multiprocess mode: each
+worker copies its plain counters into its files every :data:`PUBLISH_INTERVAL_S`
+(:class:`MetricsPublisher`), the supervisor sums the files at scrape time. Names,
+help, types and labels are the same either way, so one dashboard reads both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import logging
+import shutil
+import socket
+import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Final, Protocol
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.samples import Sample
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
+log = logging.getLogger("chat_server.metrics")
+
 #: upper bounds (ms) of the ack-latency histogram: accept -> ack sent
 ACK_LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+#: how often a worker (``WORKERS`` > 1) copies its counters for the supervisor to serve
+PUBLISH_INTERVAL_S: Final = 1.0
+#: the Prometheus text format, whichever process answers the scrape
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+# (name, help) of each family, the same whichever process serves it
+CONNECTIONS = ("chat_connections", "open websocket connections")
+ROOMS = ("chat_rooms", "rooms with members in this process")
+FRAMES_IN = ("chat_frames_in", "frames received from clients")
+FRAMES_OUT = ("chat_frames_out", "frames written to clients")
+ERRORS = ("chat_errors", "error frames sent, by code")
+OUTBOUND_BYTES = (
+    "chat_outbound_buffer_bytes",
+    "bytes the server holds for its connections (transport write buffers)",
+)
+SLOW_CONSUMER_CLOSES = ("chat_slow_consumer_closes", "connections closed with 1013 slow consumer")
+ACK_LATENCY_MS = (
+    "chat_ack_latency_ms",
+    "from accepting a send to sending its ack (durable), in ms",
+)
+BATCH_SIZE = (
+    "chat_group_commit_batch_size",
+    "messages per group commit (bucket k holds sizes below 2k)",
+)
 
 
 class Counters:
@@ -55,33 +98,18 @@ class ChatCollector:
     def collect(self) -> Iterator[Metric]:
         """Yield every family (called by the registry on each scrape)."""
         state = self._snapshot()
-        yield GaugeMetricFamily(
-            "chat_connections", "open websocket connections", value=state["connections"]
-        )
-        yield GaugeMetricFamily("chat_rooms", "rooms with members in this process", state["rooms"])
-        yield CounterMetricFamily(
-            "chat_frames_in", "frames received from clients", value=self._counters.frames_in
-        )
-        yield CounterMetricFamily(
-            "chat_frames_out", "frames written to clients", value=state["frames_out"]
-        )
-        errors = CounterMetricFamily("chat_errors", "error frames sent, by code", labels=["code"])
+        yield GaugeMetricFamily(*CONNECTIONS, value=state["connections"])
+        yield GaugeMetricFamily(*ROOMS, value=state["rooms"])
+        yield CounterMetricFamily(*FRAMES_IN, value=self._counters.frames_in)
+        yield CounterMetricFamily(*FRAMES_OUT, value=state["frames_out"])
+        errors = CounterMetricFamily(*ERRORS, labels=["code"])
         for code, count in sorted(state["errors"].items()):
             errors.add_metric([code], count)
         yield errors
-        yield GaugeMetricFamily(
-            "chat_outbound_buffer_bytes",
-            "bytes the server holds for its connections (transport write buffers)",
-            value=state["outbound_bytes"],
-        )
-        yield CounterMetricFamily(
-            "chat_slow_consumer_closes",
-            "connections closed with 1013 slow consumer",
-            value=state["slow_consumer_closes"],
-        )
+        yield GaugeMetricFamily(*OUTBOUND_BYTES, value=state["outbound_bytes"])
+        yield CounterMetricFamily(*SLOW_CONSUMER_CLOSES, value=state["slow_consumer_closes"])
         yield _histogram(
-            "chat_ack_latency_ms",
-            "from accepting a send to sending its ack (durable), in ms",
+            *ACK_LATENCY_MS,
             ACK_LATENCY_BUCKETS_MS,
             self._counters.ack_latency_buckets,
             self._counters.ack_latency_sum_ms,
@@ -90,8 +118,7 @@ class ChatCollector:
         sizes = store["batch_sizes"]  # power of two k -> batches of size [k, 2k)
         bounds = sorted(sizes)
         yield _histogram(
-            "chat_group_commit_batch_size",
-            "messages per group commit (bucket k holds sizes below 2k)",
+            *BATCH_SIZE,
             tuple(2 * k - 1 for k in bounds),
             [sizes[k] for k in bounds] + [0],
             float(store["messages_committed"] + store["messages_failed"]),
@@ -133,7 +160,7 @@ class MetricsServer:
         response = connection.respond(HTTPStatus.OK, generate_latest(self.registry).decode())
         # websockets' Headers append on assignment: replace, do not add a second one
         del response.headers["Content-Type"]
-        response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+        response.headers["Content-Type"] = CONTENT_TYPE
         return response
 
     async def close(self) -> None:
@@ -145,3 +172,235 @@ class MetricsServer:
 
 async def _never_called(connection: ServerConnection) -> None:  # pragma: no cover
     await connection.close()
+
+
+# ---- WORKERS > 1: workers publish, the supervisor serves ---------------------------------
+
+
+class _Incrementable(Protocol):
+    def inc(self, amount: float) -> None: ...
+
+
+class MetricsPublisher:
+    """A worker's metrics with ``WORKERS`` > 1: its plain counters copied into
+    prometheus_client's multiprocess files for the supervisor to serve.
+
+    Every ``interval_s``, and a last time at :meth:`close`, each counter grows by
+    what the worker counted since the previous copy, each gauge is set (mode
+    ``livesum``: the supervisor sums the live workers'), each histogram bucket grows
+    by its own count. Only this copy writes the files, never the per-message path.
+    The process must have ``PROMETHEUS_MULTIPROC_DIR`` in its environment from its
+    start (the supervisor puts it there); a worker killed loses at most the counts
+    of its last interval.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        counters: Counters,
+        batch_max: int,
+        interval_s: float = PUBLISH_INTERVAL_S,
+    ) -> None:
+        self._snapshot = snapshot
+        self._counters = counters
+        self._interval_s = interval_s
+        # registry=None: the files are the output, nothing here is scraped
+        self._connections = Gauge(*CONNECTIONS, registry=None, multiprocess_mode="livesum")
+        self._rooms = Gauge(*ROOMS, registry=None, multiprocess_mode="livesum")
+        self._outbound_bytes = Gauge(*OUTBOUND_BYTES, registry=None, multiprocess_mode="livesum")
+        self._frames_in = Counter(*FRAMES_IN, registry=None)
+        self._frames_out = Counter(*FRAMES_OUT, registry=None)
+        self._errors = Counter(*ERRORS, ["code"], registry=None)
+        self._slow_consumer_closes = Counter(*SLOW_CONSUMER_CLOSES, registry=None)
+        self._ack_latency = Histogram(
+            *ACK_LATENCY_MS, registry=None, buckets=ACK_LATENCY_BUCKETS_MS
+        )
+        self._batch_bounds = batch_size_bounds(batch_max)
+        self._batch_size = Histogram(*BATCH_SIZE, registry=None, buckets=self._batch_bounds)
+        self._published: dict[str, float] = {}
+        self._published_buckets: dict[str, list[int]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Publish now, then every ``interval_s`` in the background."""
+        self._publish_logged()
+        self._task = asyncio.create_task(self._publish_every_interval())
+
+    async def close(self) -> None:
+        """Stop the background copies and publish the final counts."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+        self._publish_logged()
+
+    async def _publish_every_interval(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            self._publish_logged()
+
+    def _publish_logged(self) -> None:
+        try:
+            self.publish()
+        except Exception:  # the next copy may succeed: keep serving, say why
+            log.exception("metrics: could not publish this worker's counters")
+
+    def publish(self) -> None:
+        """Copy the worker's counters into its multiprocess files now."""
+        state = self._snapshot()
+        counters = self._counters
+        self._connections.set(state["connections"])
+        self._rooms.set(state["rooms"])
+        self._outbound_bytes.set(state["outbound_bytes"])
+        self._grow(self._frames_in, "frames_in", counters.frames_in)
+        self._grow(self._frames_out, "frames_out", state["frames_out"])
+        self._grow(self._slow_consumer_closes, "slow_consumer", state["slow_consumer_closes"])
+        for code, count in state["errors"].items():
+            self._grow(self._errors.labels(code), f"errors {code}", count)
+        self._grow_histogram(
+            self._ack_latency,
+            "ack_latency",
+            counters.ack_latency_buckets,
+            counters.ack_latency_sum_ms,
+        )
+        store = state["store"]
+        sizes = [0] * (len(self._batch_bounds) + 1)
+        for k, count in store["batch_sizes"].items():  # k = 2**i: sizes [k, 2k), bound 2k - 1
+            sizes[min(k.bit_length() - 1, len(self._batch_bounds))] += count
+        self._grow_histogram(
+            self._batch_size,
+            "batch_size",
+            sizes,
+            float(store["messages_committed"] + store["messages_failed"]),
+        )
+
+    def _grow(self, value: _Incrementable, key: str, total: float) -> None:
+        """Add to ``value`` what ``total`` gained since it was last published under ``key``."""
+        delta = total - self._published.get(key, 0)
+        if delta:
+            value.inc(delta)
+            self._published[key] = total
+
+    def _grow_histogram(
+        self, histogram: Histogram, key: str, counts: list[int], total: float
+    ) -> None:
+        # Histogram's public API is observe(): one value, one file write, so a second of
+        # acks would cost a write each. Its per-bucket values (_buckets, _sum: internal,
+        # unchanged in prometheus_client for years, pinned by test_metrics) take the
+        # second's counts in one write per bucket that moved, and the exact sum.
+        before = self._published_buckets.get(key) or [0] * len(counts)
+        for value, now, then in zip(histogram._buckets, counts, before, strict=True):
+            if now != then:
+                value.inc(now - then)
+        self._published_buckets[key] = list(counts)
+        self._grow(histogram._sum, f"{key} sum", total)
+
+
+def batch_size_bounds(batch_max: int) -> tuple[int, ...]:
+    """Bucket bounds 1, 3, 7, ... (``2k - 1`` for each power of two ``k``) up to ``batch_max``."""
+    bounds = [1]
+    while bounds[-1] < batch_max:
+        bounds.append(2 * bounds[-1] + 1)
+    return tuple(bounds)
+
+
+class WorkersMetricsServer:
+    """``GET /metrics`` in the supervisor (``WORKERS`` > 1): the sum of what every worker
+    published (:class:`MetricsPublisher`), in a private directory of its own.
+
+    Counters and histograms sum every worker that ever ran (a dead worker's files
+    stay, so no total goes backwards); gauges sum the live workers once
+    :meth:`process_exited` was told of the dead ones. Served from a thread, so the
+    supervisor's loop stays as it is.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        #: fresh and empty: nothing of an earlier run is summed; removed by :meth:`close`
+        self.directory = tempfile.mkdtemp(prefix="chatlab-metrics-")
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_WorkersCollector(self.directory))  # type: ignore[arg-type]
+        self._http: _MetricsHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def worker_environ(self) -> dict[str, str]:
+        """What a worker's environment needs to publish here."""
+        return {"PROMETHEUS_MULTIPROC_DIR": self.directory}
+
+    def start(self) -> None:
+        """Listen and serve in a daemon thread; OSError if the port cannot be bound."""
+        self._http = _MetricsHTTPServer(self.host, self.port, self.registry)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, name="metrics-http", daemon=True
+        )
+        self._thread.start()
+
+    def process_exited(self, pid: int) -> None:
+        """Drop a dead worker's gauges (its counters stay in the sums)."""
+        mark_process_dead(pid, self.directory)
+
+    def close(self) -> None:
+        """Stop serving and remove the directory."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class _WorkersCollector:
+    """prometheus_client's sum of the workers' files, with bucket bounds written as
+    :class:`ChatCollector` writes them (``le="5"``, where prometheus_client writes ``5.0``)."""
+
+    def __init__(self, directory: str) -> None:
+        self._merged = MultiProcessCollector(None, directory)
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every family the workers published, summed."""
+        for metric in self._merged.collect():
+            if metric.type == "histogram":
+                metric.samples = [_integer_bound(sample) for sample in metric.samples]
+            yield metric
+
+
+def _integer_bound(sample: Sample) -> Sample:
+    le = sample.labels.get("le")
+    if le is None or not float(le).is_integer():  # +Inf is not an integer either
+        return sample
+    return sample._replace(labels={**sample.labels, "le": str(int(float(le)))})
+
+
+class _MetricsHTTPServer(ThreadingHTTPServer):
+    """A thread per scrape; binds the first address ``host`` resolves to."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
+        self.address_family = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0][0]
+        self.registry = registry
+        super().__init__((host, port), _MetricsHandler)
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    """``GET /metrics``; any other path is 404, as with one process."""
+
+    server: _MetricsHTTPServer
+
+    def do_GET(self) -> None:
+        """Answer a scrape."""
+        if self.path.split("?")[0] != "/metrics":
+            self._reply(HTTPStatus.NOT_FOUND, b"not found: try /metrics\n", "text/plain")
+        else:
+            self._reply(HTTPStatus.OK, generate_latest(self.server.registry), CONTENT_TYPE)
+
+    def _reply(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing per scrape."""
