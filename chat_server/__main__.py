@@ -57,7 +57,11 @@ async def serve(
     """
     from chat_server.codecs import get_codec, protobuf_backend  # noqa: PLC0415
     from chat_server.errors import BrokerUnavailable, StoreError  # noqa: PLC0415
-    from chat_server.metrics import ChatCollector, MetricsServer  # noqa: PLC0415
+    from chat_server.metrics import (  # noqa: PLC0415
+        ChatCollector,
+        MetricsPublisher,
+        MetricsServer,
+    )
     from chat_server.runtime import (  # noqa: PLC0415
         on_snapshot_signal,
         on_stop_signals,
@@ -116,12 +120,16 @@ async def serve(
         on_snapshot_signal(lambda: log.warning("SIGUSR1: no profile snapshot, PROFILE is off"))
     listen_socket = None if seat is None else seat.listening_socket()
     transport = WebsocketsTransport(settings, service, verifier, codec, listen_socket)
-    metrics = None
-    if settings.metrics_port:
+    metrics: MetricsServer | MetricsPublisher | None = None
+    if settings.metrics_port and seat is None:
         metrics = MetricsServer(
             settings.host,
             settings.metrics_port,
             ChatCollector(transport.metrics_snapshot, service.counters),
+        )
+    elif settings.metrics_port:  # the supervisor serves the port, with what workers publish
+        metrics = MetricsPublisher(
+            transport.metrics_snapshot, service.counters, settings.store_batch_max
         )
     try:
         if metrics is not None:

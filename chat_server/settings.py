@@ -524,12 +524,6 @@ class Settings(SpecSettings):
             raise SettingError(
                 "REGRESSION", self.regression, "deflate_max_window needs WS_DEFLATE=on"
             )
-        if self.metrics_port and self.workers > 1:
-            raise SettingError(
-                "METRICS_PORT",
-                str(self.metrics_port),
-                "not built yet with WORKERS>1 (one process's metrics only)",
-            )
         if self.regression == "auth_inline" and self.workers > 1:
             raise SettingError(
                 "REGRESSION", self.regression, "auth_inline needs WORKERS=1 (one inline port)"

@@ -1,13 +1,14 @@
 """``WORKERS`` > 1: one supervisor process and ``WORKERS`` server processes on one port.
 
 Like uvicorn's ``supervisors/multiprocess.py``, the supervisor stays apart from
-the server: it imports the settings and the standard library, never the
-service, the codecs or Redis. It binds ``CHAT_HOST:CHAT_PORT`` once and starts
-each worker as ``python -m chat_server`` (same settings file, same working
-directory) with the listening socket inherited and ``CHATLAB_WORKER`` in its
-environment (:class:`WorkerSeat`): the worker accepts on that socket and writes
-to a pipe once it serves, so the supervisor knows it is ready. With
-``CPU_AFFINITY`` set, worker ``i`` gets ``CPU_AFFINITY=<core list[i % len]>``.
+the server: it imports the settings and the standard library (and, with
+``METRICS_PORT``, :mod:`chat_server.metrics`), never the service, the codecs or
+Redis. It binds ``CHAT_HOST:CHAT_PORT`` once and starts each worker as ``python
+-m chat_server`` (same settings file, same working directory) with the listening
+socket inherited and ``CHATLAB_WORKER`` in its environment (:class:`WorkerSeat`):
+the worker accepts on that socket and writes to a pipe once it serves, so the
+supervisor knows it is ready. With ``CPU_AFFINITY`` set, worker ``i`` gets
+``CPU_AFFINITY=<core list[i % len]>``.
 
 Guarantees:
 
@@ -25,6 +26,11 @@ Guarantees:
   within about a second (:func:`chat_server.runtime.watch_parent`).
 - SIGUSR1 (a profile snapshot, ``PROFILE=cprofile``) is forwarded to every worker
   that reported ready.
+- With ``METRICS_PORT`` set, the supervisor serves it (the workers do not): the sum
+  of every worker's metrics, published through a private directory it creates at
+  start and removes at exit (:class:`chat_server.metrics.WorkersMetricsServer`); a
+  port it cannot bind stops it at start, exit 1. A worker that exits leaves the
+  gauges at once; its counters stay in the sums.
 
 **One inherited socket rather than SO_REUSEPORT.** With ``SO_REUSEPORT`` each
 worker binds its own socket and the kernel spreads connections over them by a
@@ -60,9 +66,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from chat_server.settings import Settings
+
+if TYPE_CHECKING:
+    from chat_server.metrics import WorkersMetricsServer
 
 log = logging.getLogger("chat_server.supervisor")
 
@@ -137,6 +146,7 @@ class Supervisor:
         self._stop_signal: int | None = None
         self._selector = selectors.DefaultSelector()
         self._sock: socket.socket | None = None
+        self._metrics: WorkersMetricsServer | None = None
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT; the exit status (see the module docstring)."""
@@ -153,6 +163,8 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGUSR1, self._forward_signal)
         try:
+            if s.metrics_port and not self._start_metrics():
+                return 1
             status = self._start_first()
             if status is not None:
                 return status
@@ -175,6 +187,31 @@ class Supervisor:
                     worker.proc.kill()
                     worker.proc.wait()
             self._sock.close()
+            if self._metrics is not None:
+                self._metrics.close()
+
+    def _start_metrics(self) -> bool:
+        """Serve ``METRICS_PORT`` for all workers; False (said why) if it cannot be bound."""
+        from chat_server.metrics import WorkersMetricsServer  # noqa: PLC0415
+
+        s = self.settings
+        self._metrics = WorkersMetricsServer(s.host, s.metrics_port)
+        try:
+            self._metrics.start()
+        except OSError as exc:
+            print(
+                f"chat_server: cannot listen on {s.host}:{s.metrics_port} (METRICS_PORT): "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return False
+        log.info(
+            "supervisor: metrics of all workers on %s:%d/metrics (files in %s)",
+            s.host,
+            s.metrics_port,
+            self._metrics.directory,
+        )
+        return True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_signal is None:
@@ -210,6 +247,8 @@ class Supervisor:
         cores = self.settings.cpu_affinity
         if cores is not None:
             env["CPU_AFFINITY"] = str(cores[worker.index % len(cores)])
+        if self._metrics is not None:
+            env.update(self._metrics.worker_environ())
         command = [sys.executable, "-m", "chat_server"]
         if self.env_file is not None:
             command += ["--env-file", self.env_file]
@@ -257,6 +296,7 @@ class Supervisor:
                 if status is None:
                     continue
                 self._close_ready_pipe(worker)
+                self._exited(proc.pid)
                 worker.proc = None
                 lived_s = now - worker.started_at
                 worker.failures = 1 if lived_s >= STABLE_S else worker.failures + 1
@@ -272,6 +312,11 @@ class Supervisor:
                 )
             elif worker.restart_at is not None and now >= worker.restart_at:
                 self._spawn(worker)
+
+    def _exited(self, pid: int) -> None:
+        """A worker process ended: its live gauges leave the metrics."""
+        if self._metrics is not None:
+            self._metrics.process_exited(pid)
 
     def _stop(self) -> int:
         """Forward SIGTERM to every worker, wait for them; 0 if all exited 0."""
@@ -299,6 +344,7 @@ class Supervisor:
                 log.error("worker %d did not stop in time; killing it", worker.index)
                 worker.proc.kill()
                 status = worker.proc.wait()
+            self._exited(worker.proc.pid)
             if status == -signal.SIGTERM and not worker.ready:
                 # stopped while starting, before it handled signals: it never served
                 log.info("worker %d stopped while starting", worker.index)

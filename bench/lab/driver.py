@@ -116,7 +116,7 @@ CLOSE_TIMEOUT_S = 2.0
 TARGETS = ("chat", "relay")
 DEFAULT_URLS = {"chat": "ws://127.0.0.1:8000/ws", "relay": "ws://127.0.0.1:8765/ws"}
 
-EXIT_OK, EXIT_CONNECT_FAILED, EXIT_BAD_ARGUMENT = 0, 1, 2
+EXIT_OK, EXIT_CONNECT_FAILED = 0, 1  # a bad argument: 2, from argparse
 
 
 # ---- settings -----------------------------------------------------------------------------
@@ -618,6 +618,7 @@ class Connection(WSListener):  # type: ignore[misc]
         "driver",
         "frame",
         "index",
+        "last_error",
         "members",
         "paused",
         "record_ack",
@@ -649,6 +650,7 @@ class Connection(WSListener):  # type: ignore[misc]
         self.seen: Counter[str] = Counter()
         self.wake: asyncio.Future[None] | None = None
         self.close_code = ""
+        self.last_error = ""
 
     # picows callbacks ----------------------------------------------------------------------
 
@@ -657,7 +659,7 @@ class Connection(WSListener):  # type: ignore[misc]
         self.send = transport.send
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        # the hot path: a delivery's digits and receive time, parsed a second at a time
+        # the hot path: keep a delivery's digits and receive time; _flush parses them
         payload = frame.get_payload_as_bytes()
         at = payload.find(MARKER)
         if at >= 0:
@@ -699,7 +701,8 @@ class Connection(WSListener):  # type: ignore[misc]
         if kind == "error":
             if self.ack_sent_ns:
                 self.ack_sent_ns.popleft()  # the send it answers will get no ack
-            self.driver.count_error(self.driver.error_code(payload))
+            self.last_error = self.driver.error_code(payload)
+            self.driver.count_error(self.last_error)
         elif kind not in ("welcome", "joined"):
             self.driver.count_error(f"unexpected {kind}")
         self._wake()
@@ -712,7 +715,7 @@ class Connection(WSListener):  # type: ignore[misc]
         """Return once a frame of ``kind`` came; raise SetupError on an error frame or close."""
         while not self.seen[kind]:
             if self.seen["error"]:
-                raise SetupError(f"connection {self.index}: error frame before {kind}")
+                raise SetupError(f"connection {self.index}: {self.last_error} before {kind}")
             if self.transport is None or self.transport.is_disconnected:
                 raise SetupError(f"connection {self.index}: closed before {kind}")
             self.wake = asyncio.get_running_loop().create_future()

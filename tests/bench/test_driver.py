@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -56,28 +56,39 @@ def run_driver(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess
     )
 
 
-@pytest.fixture(params=["websockets", "picows"])
-def relay_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """``python -m bench.relay --transport PARAM`` on a free port; its websocket URL."""
+@contextmanager
+def running_relay(transport: str) -> Iterator[str]:
+    """``python -m bench.relay --transport TRANSPORT`` on a free port, once /healthz answers;
+    its websocket URL. Stopped (SIGTERM, which it must exit 0 on) after."""
     port = free_port()
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "bench.relay", "--port", str(port)),
-            *("--transport", request.param, "--log-level", "warning"),
+            *("--transport", transport, "--log-level", "warning"),
         ],
         cwd=ROOT,
     )
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                    assert r.status == 200
                 break
-            time.sleep(0.05)
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "no relay"
+                time.sleep(0.05)
         yield f"ws://127.0.0.1:{port}/ws"
     finally:
         proc.terminate()
-        proc.wait(10)
+        assert proc.wait(10) == 0
+
+
+@pytest.fixture(params=["websockets", "picows"])
+def relay_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A running relay on each transport; its websocket URL."""
+    with running_relay(request.param) as url:
+        yield url
 
 
 def assert_complete_steps(out: Path, rates: tuple[int, ...], connections: int) -> list[Step]:
@@ -197,19 +208,11 @@ def test_latencies_added_in_bulk_count_as_if_recorded_one_by_one() -> None:
     assert bulk.percentiles_ms()["max"] == one_by_one.get_max_value() / 1000
 
 
-def test_the_picows_relay_keeps_the_relay_contract(tmp_path: Path) -> None:
+async def test_the_picows_relay_keeps_the_relay_contract() -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.relay", "--port", str(port), "--transport", "picows"],
-        cwd=ROOT,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"ws://127.0.0.1:{port}/ws"
-
-    async def exchange() -> None:
+    with running_relay("picows") as url:
         async with (
             connect(f"{url}?room=a", compression=None) as a1,
             connect(f"{url}?room=a", compression=None) as a2,
@@ -225,18 +228,3 @@ def test_the_picows_relay_keeps_the_relay_contract(tmp_path: Path) -> None:
             with pytest.raises(ConnectionClosed) as closed:
                 await nowhere.recv()
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
-
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                    assert r.status == 200
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the picows relay did not start"
-                time.sleep(0.05)
-        asyncio.run(exchange())
-    finally:
-        proc.terminate()
-        assert proc.wait(10) == 0

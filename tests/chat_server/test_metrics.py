@@ -1,13 +1,28 @@
-"""METRICS_PORT: the server's own view in Prometheus text, consistent with what clients saw."""
+"""METRICS_PORT: the server's own view in Prometheus text, consistent with what clients saw.
+
+With one process the server answers the scrape; with ``WORKERS=2`` (real processes
+on a private Redis, as in test_scaleout) the supervisor answers with the sum of what
+its workers published.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import re
+import signal
+import socket
+import time
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
-from tests.support import Client, KeyPair, free_port
+from tests.chat_server.test_scaleout import WORKER_HEADER, Inbox, connect_to, start_workers
+from tests.support import Client, KeyPair, RedisProcess, ServerProcess, free_port
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -22,6 +37,7 @@ def _scrape(port: int) -> dict[str, float]:
     return samples
 
 
+@pytest.mark.transports
 async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: KeyPair):
     metrics_port = free_port()
     server = start_server(event_loop="asyncio", metrics_port=metrics_port)
@@ -52,3 +68,199 @@ async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: 
     assert samples["chat_outbound_buffer_bytes"] >= 0
     await alice.close()
     await bob.close()
+
+
+# ---- WORKERS > 1: the supervisor serves the sum of what the workers publish ----------------
+
+COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+
+
+async def _scrape_until(
+    port: int,
+    want: dict[str, float],
+    floor: dict[str, float] | None = None,
+    timeout_s: float = 20,
+) -> dict[str, float]:
+    """Scrape until every ``want`` series has its value (workers publish every second);
+    every scrape on the way must have each ``floor`` series at or above its value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = _scrape(port)
+        for name, value in (floor or {}).items():
+            assert samples.get(name, 0) >= value, f"{name} went back: {samples.get(name)} < {value}"
+        if all(samples.get(name) == value for name, value in want.items()):
+            return samples
+        assert time.monotonic() < deadline, {
+            name: (samples.get(name), value)
+            for name, value in want.items()
+            if samples.get(name) != value
+        }
+        await asyncio.sleep(0.1)
+
+
+async def _connect_until_both_workers(
+    server: ServerProcess, keys: KeyPair
+) -> list[tuple[Client, int]]:
+    """Connect clients (each reads its welcome and stays) until both workers hold some."""
+    deadline = time.monotonic() + 30
+    while "worker 1 ready" not in server.log():
+        assert time.monotonic() < deadline, server.log()
+        await asyncio.sleep(0.1)
+    clients: list[tuple[Client, int]] = []
+    while len({pid for _, pid in clients}) < 2:
+        assert len(clients) < 200, "every connection landed on the same worker"
+        client = await Client.connect(server, keys.mint(f"u{len(clients)}"))
+        await client.expect(Welcome)
+        clients.append((client, int(client.conn.response.headers[WORKER_HEADER])))
+        await asyncio.sleep(0.02)
+    return clients
+
+
+async def test_two_workers_metrics_are_summed_on_one_port_and_survive_a_killed_worker(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    metrics_port = free_port()
+    server = start_workers(start_server, redis_server, metrics_port=metrics_port)
+    clients = await _connect_until_both_workers(server, keys)  # user u<i> is clients[i]
+    alice, alice_worker = clients[0]
+    b = next(i for i, (_, pid) in enumerate(clients) if pid != alice_worker)
+    bob, bob_worker = clients[b]
+    await alice.join("m")
+    bob_joined = await bob.join("m")
+    alice_inbox, bob_inbox = Inbox(alice), Inbox(bob)
+    await alice_inbox.wait_for(
+        lambda: Presence(room="m", user=f"u{b}", event="join") in alice_inbox.frames
+    )
+    if "u0" not in bob_joined.members:
+        await bob_inbox.wait_for(
+            lambda: Presence(room="m", user="u0", event="join") in bob_inbox.frames
+        )
+    for i in range(10):
+        await alice.say("m", f"a{i}", ref=f"a{i}")
+        await bob.say("m", f"b{i}", ref=f"b{i}")
+    await alice.send_raw("{broken")
+    await bob.send_raw("{broken")
+    await bob.say("elsewhere", "not joined", ref="x")
+    for inbox, errors in ((alice_inbox, 1), (bob_inbox, 2)):
+        await inbox.wait_for(
+            lambda inbox=inbox, errors=errors: (
+                len(inbox.of(Message)) == 20
+                and len(inbox.of(Ack)) == 10
+                and len(inbox.of(Error)) == errors
+            )
+        )
+    # welcomes, joined x2, and whatever alice and bob read since (presence, messages, ...)
+    delivered = len(clients) + 2 + len(alice_inbox.frames) + len(bob_inbox.frames)
+
+    samples = await _scrape_until(
+        metrics_port,
+        {
+            "chat_frames_in_total": 2 + 20 + 2 + 1,  # joins, sends, broken frames, a stray send
+            "chat_frames_out_total": delivered,
+            "chat_connections": len(clients),
+            "chat_rooms": 2,  # room m on each worker
+            "chat_errors_total{code=bad_request}": 2,
+            "chat_errors_total{code=not_in_room}": 1,
+            "chat_ack_latency_ms_count": 20,
+            "chat_ack_latency_ms_bucket{le=+Inf}": 20,
+            "chat_group_commit_batch_size_sum": 20,
+            "chat_slow_consumer_closes_total": 0,
+        },
+    )
+    assert 2 <= samples["chat_group_commit_batch_size_count"] <= 20  # each worker commits
+    assert samples["chat_outbound_buffer_bytes"] >= 0
+
+    # a killed worker's counts stay; its live gauges go once the supervisor saw it die
+    counted = {k: v for k, v in samples.items() if k.split("{")[0].endswith(COUNTER_SUFFIXES)}
+    os.kill(alice_worker, signal.SIGKILL)
+    on_bob_worker = sum(pid == bob_worker for _, pid in clients)
+    await _scrape_until(
+        metrics_port, {"chat_connections": on_bob_worker, "chat_rooms": 1}, floor=counted
+    )
+    deadline = time.monotonic() + 30
+    while not (len(pids := server.worker_pids()) == 2 and alice_worker not in pids):
+        assert time.monotonic() < deadline, server.log()
+        await asyncio.sleep(0.1)
+    [restarted] = set(pids) - {bob_worker}
+    carol, _ = await connect_to(server, keys, "carol", on=restarted)
+    await bob.say("m", "after", ref="after")
+    await bob_inbox.wait_for(lambda: "after" in bob_inbox.answers())
+    await _scrape_until(
+        metrics_port,
+        {
+            "chat_frames_in_total": counted["chat_frames_in_total"] + 1,
+            "chat_ack_latency_ms_count": 21,
+            "chat_connections": on_bob_worker + 1,  # carol on the restarted worker
+        },
+        floor=counted,
+    )
+
+    await carol.close()
+    [directory] = re.findall(r"metrics of all workers on \S+ \(files in (\S+)\)", server.log())
+    assert Path(directory).is_dir()
+    assert server.stop() == 0, server.log()
+    assert not Path(directory).exists()
+
+
+async def test_two_workers_serve_the_families_of_one_process(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    """Names, help, types, labels and ack-latency bounds as with WORKERS=1: one dashboard."""
+    ports = {"one": free_port(), "two": free_port()}
+    servers = {
+        "one": start_server(event_loop="asyncio", metrics_port=ports["one"]),
+        "two": start_workers(start_server, redis_server, metrics_port=ports["two"]),
+    }
+    texts = {}
+    for name, server in servers.items():
+        client = await Client.connect(server, keys.mint("alice"))
+        await client.expect(Welcome)
+        await client.join("m")
+        await client.say("m", "hello", ref="r")
+        await client.expect(Ack, skip=(Message,))
+        await client.send_raw("{broken")
+        await client.expect(Error)
+        await _scrape_until(
+            ports[name], {"chat_frames_in_total": 3, "chat_ack_latency_ms_count": 1}
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[name]}/metrics") as response:
+            assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            texts[name] = response.read().decode()
+        await client.close()
+
+    def shape(text: str) -> dict[tuple[str, str, str], set[tuple[str, tuple[str, ...]]]]:
+        return {
+            (f.name, f.type, f.documentation): {
+                (s.name, tuple(sorted(s.labels))) for s in f.samples
+            }
+            for f in text_string_to_metric_families(text)
+        }
+
+    def bounds(text: str, family: str) -> list[str]:
+        return [
+            s.labels["le"]
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == f"{family}_bucket"
+        ]
+
+    assert shape(texts["two"]) == shape(texts["one"])
+    ack_bounds = bounds(texts["one"], "chat_ack_latency_ms")
+    assert sorted(bounds(texts["two"], "chat_ack_latency_ms")) == sorted(ack_bounds)
+    assert "5" in ack_bounds and "+Inf" in ack_bounds
+    # one process lists the batch sizes it saw; workers list every bound up to STORE_BATCH_MAX
+    batch_bounds = bounds(texts["two"], "chat_group_commit_batch_size")
+    assert set(bounds(texts["one"], "chat_group_commit_batch_size")) <= set(batch_bounds)
+    assert "1023" in batch_bounds
+    assert servers["two"].stop() == 0, servers["two"].log()
+
+
+def test_workers_metrics_port_in_use_stops_the_supervisor_at_start(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess
+):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(RuntimeError, match=r"exited 1") as failed:
+            start_workers(start_server, redis_server, metrics_port=taken.getsockname()[1])
+    assert "METRICS_PORT" in str(failed.value)
