@@ -71,7 +71,7 @@ from picows import (
 
 from bench.lab.results import PERCENTILES, Step, TimePoint
 from chat_server.codecs import CODEC_NAMES, Codec, chat_pb2, get_codec
-from chat_server.messages import Join, Send
+from chat_server.messages import Join, Send, ServerMessage
 from chat_server.runtime import loop_factory, pin_cpus, raise_open_files_limit
 from chat_server.settings import parse_core_list
 
@@ -319,6 +319,11 @@ def send_frame(codec: Codec, room: str, body_chars: int) -> tuple[bytearray, sli
     return frame, slice(start, start + DIGITS)
 
 
+def decode_frame(codec: Codec, payload: bytes) -> ServerMessage:
+    """A server frame's payload decoded (JSON codecs take text frames as ``str``)."""
+    return codec.decode_server(payload if codec.binary else payload.decode("utf-8", "replace"))
+
+
 def frame_kind_reader(codec: Codec) -> Callable[[bytes], str]:
     """A function naming a server frame's kind (``ack``, ``error``, ...) from its first bytes.
 
@@ -340,7 +345,7 @@ def frame_kind_reader(codec: Codec) -> Callable[[bytes], str]:
         if payload.startswith(prefix):
             return payload[len(prefix) : payload.find(b'"', len(prefix))].decode("ascii", "replace")
         try:
-            return type(codec.decode_server(payload)).__struct_config__.tag  # type: ignore[return-value]
+            return type(decode_frame(codec, payload)).__struct_config__.tag  # type: ignore[return-value]
         except Exception:  # any undecodable frame is just of an unknown kind here
             return "unknown"
 
@@ -861,7 +866,7 @@ class Driver:
     def error_code(self, payload: bytes) -> str:
         """The ``code`` of an error frame."""
         try:
-            return str(getattr(self.codec.decode_server(payload), "code", "error"))
+            return str(getattr(decode_frame(self.codec, payload), "code", "error"))
         except Exception:  # an undecodable error frame is still an error
             return "undecodable error"
 

@@ -149,6 +149,26 @@ def test_driver_delivers_every_frame_to_the_whole_room_of_a_chat_server(
         assert 0 < step.ack_latency_ms["p50"] <= step.ack_latency_ms["max"]
 
 
+def test_error_frames_and_closes_count_as_errors(
+    start_server: Callable[..., ServerProcess], keys: KeyPair, tmp_path: Path
+) -> None:
+    # 3 connections at 150/s each against the default 20/s (burst 100) per connection
+    server = start_server(log_level="warning")
+    token_file = tmp_path / "tokens"
+    token_file.write_text(keys.mint("lab0") + "\n")
+    out = tmp_path / "steps.json"
+    result = run_driver(
+        *("--target", "chat", "--url", server.url, "--token-file", str(token_file)),
+        *("--connections", "3", "--rates", "450", "--step-s", "1.5", "--warmup-s", "0"),
+        *("--drain-s", "0.5", "--json-out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    [step] = [Step.from_dict(s) for s in json.loads(out.read_text())]
+    assert step.error_detail.get("rate_limited", 0) > 0, step.error_detail
+    assert step.errors == sum(step.error_detail.values())
+    assert step.delivered < step.expected
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
