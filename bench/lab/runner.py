@@ -590,6 +590,8 @@ class Lab:
                 self._phase(config, repeat, "locust")
                 run.steps.append(self.locust_run(config, load, url, workdir, sampler))
             if metrics_port:
+                if int(config.env.get("WORKERS", "1")) > 1:
+                    time.sleep(1.2)  # workers publish their counters every second
                 with suppress(OSError):
                     run.metrics = scrape_metrics(metrics_port)
         except KeyboardInterrupt:
