@@ -68,11 +68,10 @@ async def serve(
         watch_parent,
     )
     from chat_server.service import ChatService  # noqa: PLC0415
-    from chat_server.transport.websockets import (  # noqa: PLC0415
-        CLOSE_GOING_AWAY,
-        WebsocketsTransport,
-    )
+    from chat_server.transport import transport_for  # noqa: PLC0415
+    from chat_server.transport.base import CLOSE_GOING_AWAY  # noqa: PLC0415
 
+    transport_class = transport_for(settings)
     worker_index = None if seat is None else seat.index
     profiler = None
     if settings.profile == "cprofile":
@@ -119,7 +118,7 @@ async def serve(
     else:
         on_snapshot_signal(lambda: log.warning("SIGUSR1: no profile snapshot, PROFILE is off"))
     listen_socket = None if seat is None else seat.listening_socket()
-    transport = WebsocketsTransport(settings, service, verifier, codec, listen_socket)
+    transport = transport_class(settings, service, verifier, codec, listen_socket)
     metrics: MetricsServer | MetricsPublisher | None = None
     if settings.metrics_port and seat is None:
         metrics = MetricsServer(

@@ -1,0 +1,32 @@
+"""Transports: one per ``TRANSPORT`` value, chosen once at start with :func:`transport_for`.
+
+Only the chosen one is imported.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from chat_server.settings import Settings
+
+if TYPE_CHECKING:
+    from chat_server.auth import TokenVerifier
+    from chat_server.codecs.base import Codec
+    from chat_server.service import ChatService
+    from chat_server.transport.base import Transport
+
+__all__ = ["TransportFactory", "transport_for"]
+
+#: builds a transport: (settings, service, verifier, codec, listening socket or None)
+TransportFactory = Callable[
+    ["Settings", "ChatService", "TokenVerifier", "Codec", "socket.socket | None"], "Transport"
+]
+
+
+def transport_for(settings: Settings) -> TransportFactory:
+    """The transport class ``TRANSPORT`` names (websockets: the only one built yet)."""
+    from chat_server.transport.websockets import WebsocketsTransport  # noqa: PLC0415
+
+    return WebsocketsTransport

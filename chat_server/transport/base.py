@@ -1,14 +1,44 @@
 """The transport seam: what the server needs from a websocket implementation.
 
 A transport accepts connections (handshake auth and subprotocol per the
-contract), hands each connection's frames to ``ChatService.on_frame`` and writes
-the frames the core gives it, with its own outbound accounting. The core, codecs,
-store and broker never know which transport runs.
+contract), hands each connection's frames to ``ChatService.on_frame`` (a text
+frame as ``str``, a binary one as ``bytes``: the codec decides what it accepts)
+and writes the frames the core gives it, with its own outbound accounting. The
+core, codecs, store and broker never know which transport runs.
+
+What both transports decide alike lives here, free of I/O: :class:`Admission`
+answers every HTTP request on the websocket port (``/healthz``, ``/stats``, and
+the upgrade's 503, 401 and 400 in the contract's order), and
+:class:`OutboundStats` holds the outbound counters ``/stats`` and the metrics
+report.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import dataclasses
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from chat_server.auth import InvalidToken, TokenVerifier
+from chat_server.codecs.base import Codec
+from chat_server.settings import Settings
+
+if TYPE_CHECKING:
+    from chat_server.service import ChatService
+
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_INVALID_TEXT = 1007
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_TRY_AGAIN_LATER = 1013
+#: the header every HTTP response carries, the websocket handshake's included
+WORKER_HEADER = "X-Chatlab-Worker"
+WS_PATH = "/ws"
 
 
 class Transport(Protocol):
@@ -24,8 +54,137 @@ class Transport(Protocol):
     def stop_accepting(self) -> None:
         """Stop accepting connections; open ones stay."""
 
-    async def close_all(self, code: int = 1001, reason: str = "") -> None:
+    async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
         """Close every connection with ``code`` and wait until they are gone."""
 
     def stats_snapshot(self) -> dict[str, Any]:
         """Counters of the service and of the transport's outbound accounting."""
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What the metrics collector reads at scrape time."""
+
+
+class OutboundStats:
+    """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""
+
+    __slots__ = ("frames_out", "peak_outbound_bytes", "slow_consumer_closes")
+
+    def __init__(self) -> None:
+        self.frames_out = 0
+        self.peak_outbound_bytes = 0
+        self.slow_consumer_closes = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An HTTP answer given instead of a websocket upgrade (one line of text, or JSON)."""
+
+    status: HTTPStatus
+    body: str
+    content_type: str = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """An upgrade to accept: the token's user and the subprotocol to answer (None: none)."""
+
+    user: str
+    subprotocol: str | None
+
+
+class Admission:
+    """Decides each HTTP request on the websocket port, the same way for every transport.
+
+    ``/healthz`` answers 200 and ``/stats`` the counters as JSON; any other path
+    but ``/ws`` is 404. An upgrade on ``/ws`` is refused with 503 while draining
+    or past ``MAX_CONNECTIONS``, then with 401 for a missing or bad token (from
+    ``Authorization: Bearer`` or ``?token=``), then with 400 when the client
+    offers subprotocols and none is the codec's: 401 is decided before 400.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        service: ChatService,
+        verifier: TokenVerifier,
+        codec: Codec,
+        outbound: OutboundStats,
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.verifier = verifier
+        self.subprotocol = codec.subprotocol
+        self.outbound = outbound
+
+    def decide(
+        self, target: str, authorization: str | None, offered: Iterable[str]
+    ) -> Reply | Admitted:
+        """Answer a request for ``target`` (path and query) with these headers' values.
+
+        ``offered`` holds the values of every ``Sec-WebSocket-Protocol`` header,
+        each possibly a comma-separated list.
+        """
+        url = urlsplit(target)
+        if url.path == "/healthz":
+            return Reply(HTTPStatus.OK, "ok\n")
+        if url.path == "/stats":
+            body = json.dumps(self.stats_snapshot()) + "\n"
+            return Reply(HTTPStatus.OK, body, "application/json")
+        if url.path != WS_PATH:
+            return Reply(HTTPStatus.NOT_FOUND, f"not found: the websocket is {WS_PATH}\n")
+        if self.service.draining:
+            return Reply(HTTPStatus.SERVICE_UNAVAILABLE, "server shutting down\n")
+        if self.service.connections >= self.settings.max_connections:
+            return Reply(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections (MAX_CONNECTIONS)\n")
+        token = _bearer_token(authorization) or _query_token(url.query)
+        if token is None:
+            return Reply(
+                HTTPStatus.UNAUTHORIZED, "missing token: send Authorization: Bearer <jwt>\n"
+            )
+        try:
+            user = self.verifier.verify(token)
+        except InvalidToken as exc:
+            return Reply(HTTPStatus.UNAUTHORIZED, f"{exc}\n")
+        protocols = [p.strip() for value in offered for p in value.split(",") if p.strip()]
+        if protocols and self.subprotocol not in protocols:
+            return Reply(
+                HTTPStatus.BAD_REQUEST,
+                f"unsupported subprotocol: this server speaks {self.subprotocol}\n",
+            )
+        return Admitted(user, self.subprotocol if protocols else None)
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """The service's counters plus the transport's outbound accounting."""
+        return {
+            **self.service.stats(),
+            "max_outbound_bytes": self.settings.max_outbound_bytes,
+            "peak_outbound_bytes": self.outbound.peak_outbound_bytes,
+            "slow_consumer_closes": self.outbound.slow_consumer_closes,
+        }
+
+    def metrics_snapshot(self, outbound_bytes: int) -> dict[str, Any]:
+        """The metrics collector's view, given the bytes buffered for every connection now."""
+        service = self.service
+        return {
+            "connections": service.connections,
+            "rooms": len(service.core.rooms),
+            "frames_out": self.outbound.frames_out,
+            "errors": dict(service.core.errors_sent),
+            "outbound_bytes": outbound_bytes,
+            "slow_consumer_closes": self.outbound.slow_consumer_closes,
+            "store": dataclasses.asdict(service.store.stats()),
+        }
+
+
+def _bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <jwt>`` header value (None: no bearer token)."""
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _query_token(query: str) -> str | None:
+    """The ``token`` parameter of a URL's query string, if any."""
+    values = parse_qs(query).get("token")
+    return values[0] if values else None

@@ -20,48 +20,36 @@ supervisor bound and handed down (see :mod:`chat_server.supervisor`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import os
 import socket
-from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN, State
 
-from chat_server.auth import InvalidToken, TokenVerifier
+from chat_server.auth import TokenVerifier
 from chat_server.codecs.base import Codec
 from chat_server.settings import Settings
+from chat_server.transport.base import (
+    CLOSE_GOING_AWAY,
+    CLOSE_TRY_AGAIN_LATER,
+    WORKER_HEADER,
+    Admission,
+    Admitted,
+    OutboundStats,
+    Reply,
+)
 
 if TYPE_CHECKING:
     from chat_server.service import ChatService
 
-log = logging.getLogger("chat_server.transport")
 # websockets logs every connection's open and close at INFO: one line per connection
 # is noise under load, so its own logger starts at WARNING (LOG_LEVEL=debug shows it).
 ws_log = logging.getLogger("chat_server.transport.websockets")
-
-CLOSE_TRY_AGAIN_LATER = 1013
-CLOSE_GOING_AWAY = 1001
-WORKER_HEADER = "X-Chatlab-Worker"
-
-
-class OutboundStats:
-    """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""
-
-    __slots__ = ("frames_out", "peak_outbound_bytes", "slow_consumer_closes")
-
-    def __init__(self) -> None:
-        self.frames_out = 0
-        self.peak_outbound_bytes = 0
-        self.slow_consumer_closes = 0
 
 
 class WebsocketsPeer:
@@ -106,6 +94,7 @@ class WebsocketsPeer:
         """Write one frame and wait until the client has read enough (replay pacing)."""
         if self._protocol.state is not OPEN:
             raise ConnectionError("connection is closing")
+        self._stats.frames_out += 1
         try:
             await self._conn.send(frame, text=self._write == self._protocol.send_text)
         except ConnectionClosed as exc:
@@ -140,6 +129,7 @@ class WebsocketsTransport:
         self.verifier = verifier
         self.codec = codec
         self.stats = OutboundStats()
+        self.admission = Admission(settings, service, verifier, codec, self.stats)
         self._listen_socket = listen_socket
         self._worker = str(os.getpid())
         self._server: Server | None = None
@@ -190,41 +180,15 @@ class WebsocketsTransport:
     # ---- handshake -------------------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
-        if url.path == "/healthz":
-            return connection.respond(HTTPStatus.OK, "ok\n")
-        if url.path == "/stats":
-            return self._json_response(connection, self.stats_snapshot())
-        if url.path != "/ws":
-            return connection.respond(HTTPStatus.NOT_FOUND, "not found: the websocket is /ws\n")
-        if self.service.draining:
-            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, "server shutting down\n")
-        if self.service.connections >= self.settings.max_connections:
-            return connection.respond(
-                HTTPStatus.SERVICE_UNAVAILABLE, "too many connections (MAX_CONNECTIONS)\n"
-            )
-        token = _bearer_token(request.headers) or _query_token(url.query)
-        if token is None:
-            return connection.respond(
-                HTTPStatus.UNAUTHORIZED, "missing token: send Authorization: Bearer <jwt>\n"
-            )
-        try:
-            user = self.verifier.verify(token)
-        except InvalidToken as exc:
-            return connection.respond(HTTPStatus.UNAUTHORIZED, f"{exc}\n")
-        offered = [
-            p.strip()
-            for value in request.headers.get_all("Sec-WebSocket-Protocol")
-            for p in value.split(",")
-            if p.strip()
-        ]
-        if offered and self.codec.subprotocol not in offered:
-            return connection.respond(
-                HTTPStatus.BAD_REQUEST,
-                f"unsupported subprotocol: this server speaks {self.codec.subprotocol}\n",
-            )
-        connection.chat_user = user  # type: ignore[attr-defined]
-        return None
+        decision = self.admission.decide(
+            request.path,
+            request.headers.get("Authorization"),
+            request.headers.get_all("Sec-WebSocket-Protocol"),
+        )
+        if isinstance(decision, Admitted):
+            connection.chat_user = decision.user  # type: ignore[attr-defined]
+            return None
+        return _respond(connection, decision)
 
     def _process_response(
         self, connection: ServerConnection, request: Request, response: Response
@@ -235,36 +199,16 @@ class WebsocketsTransport:
         ours = self.codec.subprotocol
         return ours if ours in subprotocols else None
 
-    @staticmethod
-    def _json_response(connection: ServerConnection, body: dict[str, Any]) -> Response:
-        response = connection.respond(HTTPStatus.OK, json.dumps(body) + "\n")
-        del response.headers["Content-Type"]  # Headers append on assignment
-        response.headers["Content-Type"] = "application/json"
-        return response
-
     def stats_snapshot(self) -> dict[str, Any]:
         """The service's counters plus the transport's outbound accounting."""
-        return {
-            **self.service.stats(),
-            "max_outbound_bytes": self.settings.max_outbound_bytes,
-            "peak_outbound_bytes": self.stats.peak_outbound_bytes,
-            "slow_consumer_closes": self.stats.slow_consumer_closes,
-        }
+        return self.admission.stats_snapshot()
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the metrics collector reads at scrape time."""
         connections = self._server.connections if self._server is not None else set()
-        return {
-            "connections": self.service.connections,
-            "rooms": len(self.service.core.rooms),
-            "frames_out": self.stats.frames_out,
-            "errors": dict(self.service.core.errors_sent),
-            "outbound_bytes": sum(
-                c.transport.get_write_buffer_size() for c in connections if c.transport
-            ),
-            "slow_consumer_closes": self.stats.slow_consumer_closes,
-            "store": dataclasses.asdict(self.service.store.stats()),
-        }
+        return self.admission.metrics_snapshot(
+            sum(c.transport.get_write_buffer_size() for c in connections if c.transport)
+        )
 
     # ---- connection --------------------------------------------------------------------
 
@@ -312,14 +256,10 @@ def _deflate_extensions(settings: Settings) -> list[ServerPerMessageDeflateFacto
     ]
 
 
-def _bearer_token(headers: Headers) -> str | None:
-    value = headers.get("Authorization")
-    if value is None:
-        return None
-    scheme, _, token = value.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
-def _query_token(query: str) -> str | None:
-    values = parse_qs(query).get("token")
-    return values[0] if values else None
+def _respond(connection: ServerConnection, reply: Reply) -> Response:
+    """A websockets response carrying ``reply``'s status, body and content type."""
+    response = connection.respond(reply.status, reply.body)
+    if reply.content_type != response.headers["Content-Type"]:
+        del response.headers["Content-Type"]  # Headers append on assignment
+        response.headers["Content-Type"] = reply.content_type
+    return response
