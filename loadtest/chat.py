@@ -161,6 +161,13 @@ def _add_arguments(parser: Any, **_kwargs: Any) -> None:
         "--user-prefix", default="load", help="user names are PREFIX0, PREFIX1... [load]"
     )
     parser.add_argument(
+        "--deflate",
+        choices=["on", "off"],
+        default="on",
+        help="offer permessage-deflate, as browsers do (used only if the server's WS_DEFLATE "
+        "is on) [on]",
+    )
+    parser.add_argument(
         "--delivery-report",
         default="",
         help="write delivery counts, generator load and the verdict to this JSON file",
@@ -183,6 +190,7 @@ class Options:
     serializer: str
     user_prefix: str
     delivery_report: str
+    deflate: bool
 
 
 def resolve_options(parsed: Any) -> Options:
@@ -212,6 +220,7 @@ def resolve_options(parsed: Any) -> Options:
         serializer=parsed.serializer,
         user_prefix=parsed.user_prefix,
         delivery_report=parsed.delivery_report,
+        deflate=parsed.deflate == "on",
     )
 
 
@@ -398,7 +407,7 @@ class ChatUser(User):
         joined = Event()
         session.on_joined = joined.set
         try:
-            session.connect(self.host or DEFAULT_HOST, self.token or "")
+            session.connect(self.host or DEFAULT_HOST, self.token or "", deflate=options.deflate)
         except LoadTestFailure as exc:
             if "HTTP 401" in str(exc) and not options.token_file:
                 self.token = None  # expired or refused: log in again next time

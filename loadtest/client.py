@@ -28,6 +28,7 @@ from typing import Any
 
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidState, InvalidStatus
+from websockets.extensions.permessage_deflate import enable_client_permessage_deflate
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import SEND_EOF, State
@@ -246,7 +247,8 @@ class WsConnection:
     :class:`HandshakeFailed` (refused) or ``OSError`` (no connection). Frames that
     arrived with the handshake reply are in ``early``. ``send`` may be called from
     one greenlet while another blocks in ``receive``: writes are serialised by a lock.
-    Compression is never offered.
+    ``deflate=True`` offers permessage-deflate as browsers do (websockets' client
+    settings); the server compresses only when its ``WS_DEFLATE`` is on.
     """
 
     def __init__(
@@ -257,11 +259,13 @@ class WsConnection:
         subprotocol: str | None = None,
         timeout_s: float = 10.0,
         max_size: int = 2**20,
+        deflate: bool = False,
     ) -> None:
         uri = parse_uri(url)
         self.protocol = ClientProtocol(
             uri,
             subprotocols=[Subprotocol(subprotocol)] if subprotocol else None,
+            extensions=enable_client_permessage_deflate(None) if deflate else None,
             max_size=max_size,
         )
         self.sock = socket.create_connection((uri.host, uri.port), timeout=timeout_s)
@@ -443,13 +447,14 @@ class Session:
         self._decode = codec.decode_server
         self._text = not codec.binary
 
-    def connect(self, url: str, token: str, timeout_s: float = 10.0) -> None:
+    def connect(self, url: str, token: str, timeout_s: float = 10.0, deflate: bool = False) -> None:
         """Open the connection (reporting ``connect``: TCP connect to the handshake's end)."""
         self._open(
             url,
             headers={"Authorization": f"Bearer {token}"},
             subprotocol=self.codec.subprotocol,
             timeout_s=timeout_s,
+            deflate=deflate,
         )
 
     def _open(self, url: str, **kwargs: Any) -> None:

@@ -318,3 +318,31 @@ def test_slo_parsing_and_judging() -> None:
     for bad in ("p100=5", "90=200", "p90=", "p90=fast"):
         with pytest.raises(ValueError):
             parse_slo(bad)
+
+
+_NEGOTIATED = """
+import sys
+from loadtest.client import WsConnection
+url, token, deflate = sys.argv[1], sys.argv[2], sys.argv[3] == "on"
+conn = WsConnection(url, headers={"Authorization": "Bearer " + token}, deflate=deflate)
+print([type(e).__name__ for e in conn.protocol.extensions])
+"""
+
+
+@pytest.mark.parametrize(
+    ("server_deflate", "client_deflate", "negotiated"),
+    [("on", "on", True), ("on", "off", False), ("off", "on", False)],
+)
+def test_the_load_client_offers_permessage_deflate_as_browsers_do(
+    start_server: Callable[..., ServerProcess],
+    keys: KeyPair,
+    server_deflate: str,
+    client_deflate: str,
+    negotiated: bool,
+) -> None:
+    server = start_server(ws_deflate=server_deflate, log_level="warning")
+    done = run_command(
+        sys.executable, "-c", _NEGOTIATED, server.url, keys.mint("alice"), client_deflate
+    )
+    assert done.returncode == 0, done.stderr
+    assert ("PerMessageDeflate" in done.stdout) is negotiated, done.stdout
