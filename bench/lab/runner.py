@@ -627,6 +627,21 @@ def _locust_stages(load: Load) -> tuple[Any, ...]:
     return PROFILES[load.locust_profile].stages
 
 
+#: said of every WS_DEFLATE=on configuration the fast driver runs against
+FAST_DRIVER_NO_DEFLATE = (
+    "The fast driver (picows) cannot negotiate permessage-deflate, so its steps run "
+    "uncompressed here; Locust offers it, as browsers do, so its step is compressed."
+)
+
+
+def _describe(config: Config) -> str:
+    """The configuration's description, plus what the drivers could not exercise."""
+    text = config.description
+    if config.fast and config.env.get("WS_DEFLATE") == "on":
+        text = f"{text} {FAST_DRIVER_NO_DEFLATE}".strip()
+    return text
+
+
 def users_needed(matrix: Matrix) -> int:
     """Users to register: Locust's largest user count, and some for the fast driver."""
     most = 20
@@ -673,7 +688,7 @@ def run_matrix(
             c.name: {
                 "target": c.target,
                 "env": c.env,
-                "description": c.description,
+                "description": _describe(c),
                 "profile": c.profile,
                 "auth_mode": c.auth_mode,
                 "same_as": c.same_as,
