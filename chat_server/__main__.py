@@ -71,7 +71,11 @@ async def serve(
     from chat_server.transport import transport_for  # noqa: PLC0415
     from chat_server.transport.base import CLOSE_GOING_AWAY  # noqa: PLC0415
 
-    transport_class = transport_for(settings)
+    try:
+        transport_class = transport_for(settings)
+    except SettingError as exc:
+        print(f"chat_server: {exc}", file=sys.stderr)
+        return 2
     worker_index = None if seat is None else seat.index
     profiler = None
     if settings.profile == "cprofile":
@@ -229,7 +233,9 @@ def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:
         stream=sys.stderr,
     )
     if settings.log_level != "debug":
-        logging.getLogger("chat_server.transport.websockets").setLevel(logging.WARNING)
+        # one line per connection from the websocket library is noise under load
+        for library in ("websockets", "picows"):
+            logging.getLogger(f"chat_server.transport.{library}").setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,9 @@ def _not(*built: Any) -> Callable[[Any], bool]:
     return lambda value: value not in built
 
 
+#: ``TRANSPORT`` values: the websocket implementations the server runs on
+TRANSPORTS = ("websockets", "picows")
+
 REGRESSIONS = (
     "off",
     "commit_per_message",
@@ -397,9 +400,8 @@ SPECS: tuple[Spec, ...] = (
         "TRANSPORT",
         "transport",
         "websockets",
-        choice("websockets", "picows"),
-        "websocket implementation",
-        not_built=_not("websockets"),
+        choice(*TRANSPORTS),
+        "websocket implementation: websockets, or picows (no permessage-deflate)",
     ),
     Spec(
         "REGRESSION",
@@ -520,6 +522,18 @@ class Settings(SpecSettings):
     log_level: str
 
     def _check_combinations(self) -> None:
+        if self.transport == "picows" and self.regression == "deflate_max_window":
+            raise SettingError(
+                "REGRESSION",
+                self.regression,
+                "deflate_max_window needs TRANSPORT=websockets (picows has no permessage-deflate)",
+            )
+        if self.transport == "picows" and self.ws_deflate:
+            raise SettingError(
+                "TRANSPORT",
+                self.transport,
+                "picows has no permessage-deflate: WS_DEFLATE=on needs TRANSPORT=websockets",
+            )
         if self.regression == "deflate_max_window" and not self.ws_deflate:
             raise SettingError(
                 "REGRESSION", self.regression, "deflate_max_window needs WS_DEFLATE=on"

@@ -1,14 +1,46 @@
-"""Shared fixtures: a key pair, token minting, chat servers and Redis as real processes."""
+"""Shared fixtures: a key pair, token minting, chat servers and Redis as real processes.
+
+Chat servers start on the ``transport`` fixture's ``TRANSPORT``. Tests marked
+``transports`` (the flows, bad input, resilience: whatever crosses the transport)
+run once per transport; the others run on ``CHATLAB_TEST_TRANSPORT``
+(default ``websockets``), so the whole suite can be run on picows too.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chat_server.settings import TRANSPORTS
 from tests.support import KeyPair, RedisProcess, ServerProcess
+
+#: the transport of tests not marked ``transports``
+DEFAULT_TRANSPORT = os.environ.get("CHATLAB_TEST_TRANSPORT", "websockets")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the ``transports`` marker."""
+    config.addinivalue_line(
+        "markers", "transports: run once per TRANSPORT (servers from start_server use it)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``transport`` over every ``TRANSPORT`` for tests marked ``transports``."""
+    if "transport" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "transports"
+    ):
+        metafunc.parametrize("transport", TRANSPORTS, indirect=True)
+
+
+@pytest.fixture
+def transport(request: pytest.FixtureRequest) -> str:
+    """The ``TRANSPORT`` chat servers start on (each of them for tests marked ``transports``)."""
+    return str(getattr(request, "param", DEFAULT_TRANSPORT))
 
 
 @pytest.fixture(scope="session")
@@ -18,11 +50,17 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
 
 
 @pytest.fixture
-def start_server(tmp_path: Path, keys: KeyPair) -> Iterator[Callable[..., ServerProcess]]:
-    """Start chat servers with settings given as keyword arguments; all are stopped after."""
+def start_server(
+    tmp_path: Path, keys: KeyPair, transport: str
+) -> Iterator[Callable[..., ServerProcess]]:
+    """Start chat servers with settings given as keyword arguments; all are stopped after.
+
+    ``TRANSPORT`` is the ``transport`` fixture's unless the settings name one.
+    """
     started: list[ServerProcess] = []
 
     def start(workdir: Path | None = None, **settings: Any) -> ServerProcess:
+        settings.setdefault("transport", transport)
         server = ServerProcess(workdir or tmp_path, keys, **settings)
         started.append(server)
         return server.start()

@@ -1,4 +1,5 @@
-"""Every bad input gets its contract answer, and everyone else keeps being served."""
+"""Every bad input gets its contract answer, and everyone else keeps being served (on each
+transport)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from chat_server.messages import (
     Welcome,
 )
 from tests.support import AUDIENCE, ISSUER, Client, KeyPair, ServerProcess
+
+pytestmark = pytest.mark.transports
 
 CODECS = ["orjson", "protobuf"]
 
@@ -147,6 +150,45 @@ async def test_oversized_frame_closes_1009(start_server, keys: KeyPair):
     with pytest.raises(ConnectionClosed) as closed:
         await alice.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    # the limit is on the message: one sent in small frames that add up to more is refused too
+    bob = await Client.connect(server, keys.mint("bob"))
+    await bob.expect(Welcome)
+    await bob.conn.send(['{"type":"send","room":"lobby","body":"', "x" * 600, "x" * 600, '"}'])
+    with pytest.raises(ConnectionClosed) as closed:
+        await bob.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_text_frame_that_is_not_utf8_closes_1007(server: ServerProcess, keys: KeyPair):
+    alice = await Client.connect(server, keys.mint("alice"))
+    await alice.expect(Welcome)
+    await alice.conn.send(b'{"type":"join","room":"\xff"}', text=True)
+    with pytest.raises(ConnectionClosed) as closed:
+        await alice.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+
+
+async def test_past_max_connections_the_handshake_gets_503(start_server, keys: KeyPair):
+    server = start_server(event_loop="asyncio", max_connections=2)
+    alice = await Client.connect(server, keys.mint("alice"))
+    bob = await Client.connect(server, keys.mint("bob"))
+    for client in (alice, bob):
+        await client.expect(Welcome)
+    with pytest.raises(InvalidStatus) as refused:
+        await Client.connect(server, keys.mint("carol"))
+    assert refused.value.response.status_code == 503
+    assert b"MAX_CONNECTIONS" in refused.value.response.body
+    await bob.close()
+    for _ in range(100):  # the server sees bob's close a moment later
+        try:
+            carol = await Client.connect(server, keys.mint("carol"))
+            break
+        except InvalidStatus as again:
+            assert again.response.status_code == 503
+            await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("a place freed by a close was not given to a new connection")
+    await carol.expect(Welcome)
 
 
 def _forged_token(**claims: object) -> str:
@@ -232,9 +274,16 @@ async def test_no_subprotocol_gets_the_servers_codec(server: ServerProcess, keys
         assert isinstance(frame, str) and '"codec":"orjson"' in frame
 
 
-def test_healthz_and_unknown_path(server: ServerProcess):
+def test_healthz_stats_and_unknown_path_on_the_websocket_port(server: ServerProcess):
+    assert server.proc is not None
+    worker = str(server.proc.pid)
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as resp:
         assert resp.status == 200
+        assert resp.headers["X-Chatlab-Worker"] == worker
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/stats", timeout=5) as resp:
+        assert resp.headers["Content-Type"] == "application/json"
+        assert json.loads(resp.read())["connections"] == 0
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(f"http://127.0.0.1:{server.port}/nope", timeout=5)
     assert missing.value.code == 404
+    assert missing.value.headers["X-Chatlab-Worker"] == worker

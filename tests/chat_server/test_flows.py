@@ -1,6 +1,9 @@
-"""The contract's flows over a real server, for every serializer, both loops, deflate on and off.
+"""The contract's flows over a real server, for every serializer, both loops, deflate on and off,
+on both transports.
 
-One more combination runs the same flows with ``BROKER=redis`` (one process, on a
+picows has no permessage-deflate (``TRANSPORT=picows`` with ``WS_DEFLATE=on`` is refused
+at start, see test_settings), so it runs the combinations with deflate off. One more
+combination per transport runs the same flows with ``BROKER=redis`` (one process, on a
 private redis-server): history in Redis Streams, delivery through pub/sub.
 """
 
@@ -11,22 +14,32 @@ from collections.abc import Iterator
 
 import pytest
 
-from chat_server.messages import Ack, History, Joined, Message, Presence, Welcome
+from chat_server.messages import Ack, History, Joined, Message, Presence, Send, Welcome
+from chat_server.settings import TRANSPORTS
 from tests.support import Client, KeyPair, RedisProcess, ServerProcess
 
 MATRIX = [
     pytest.param(
-        {"serializer": s, "event_loop": loop, "ws_deflate": deflate},
-        id=f"{s}-{loop}-deflate_{deflate}",
+        {"serializer": s, "event_loop": loop, "ws_deflate": deflate, "transport": transport},
+        id=f"{s}-{loop}-deflate_{deflate}" + ("" if transport == "websockets" else f"-{transport}"),
     )
-    for s, loop, deflate in itertools.product(
-        ("json", "orjson", "protobuf"), ("asyncio", "uvloop"), ("on", "off")
+    for transport, s, loop, deflate in itertools.product(
+        TRANSPORTS, ("json", "orjson", "protobuf"), ("asyncio", "uvloop"), ("on", "off")
     )
+    if transport == "websockets" or deflate == "off"
 ] + [
     pytest.param(
-        {"serializer": "orjson", "event_loop": "uvloop", "ws_deflate": "off", "broker": "redis"},
-        id="orjson-uvloop-deflate_off-redis",
+        {
+            "serializer": "orjson",
+            "event_loop": "uvloop",
+            "ws_deflate": "off",
+            "broker": "redis",
+            "transport": transport,
+        },
+        id="orjson-uvloop-deflate_off-redis"
+        + ("" if transport == "websockets" else f"-{transport}"),
     )
+    for transport in TRANSPORTS
 ]
 
 
@@ -171,3 +184,20 @@ async def test_join_since_replays_missed_then_live(matrix_server: ServerProcess,
     assert seqs == [3, 4, 5, 6]  # replay, then live, no gap, no duplicate
     await alice.close()
     await bob.close()
+
+
+async def test_a_message_sent_in_fragments_is_one_message(
+    matrix_server: ServerProcess, keys: KeyPair
+):
+    room = fresh_room()
+    alice = await connect(matrix_server, keys, "alice")
+    await alice.join(room)
+    frame = alice.codec.encode_client(Send(room=room, body="in three parts", ref="f-1"))
+    parts = [frame[:5], frame[5:9], frame[9:]]
+    if not alice.codec.binary:
+        parts = [part.decode() for part in parts]  # text fragments (ASCII: cut anywhere)
+    await alice.conn.send(parts)
+    message = await alice.expect(Message)
+    assert (message.body, message.ref) == ("in three parts", "f-1")
+    assert await alice.expect(Ack) == Ack(room=room, seq=message.seq, ref="f-1")
+    await alice.close()

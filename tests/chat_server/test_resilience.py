@@ -1,4 +1,5 @@
-"""Durability, graceful stop, slow consumers and rate limits, on a real server process."""
+"""Durability, graceful stop, slow consumers, keepalive and rate limits, on a real server process
+(on each transport)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from websockets.exceptions import ConnectionClosed
 
 from chat_server.messages import Ack, Error, Join, Joined, Message, Send, Welcome
 from tests.support import Client, KeyPair, ServerProcess, stored_history
+
+pytestmark = pytest.mark.transports
 
 
 async def _history_seqs(server: ServerProcess, keys: KeyPair, room: str) -> list[int]:
@@ -248,3 +251,21 @@ async def test_replay_is_paced_by_the_reader_and_never_trips_1013(start_server, 
     await writer.say("replay", "live after replay")
     assert (await reader.expect(Message)).seq == total + 1
     assert server.stats()["slow_consumer_closes"] == 0
+
+
+async def test_a_peer_that_does_not_answer_pings_is_closed_1011(start_server, keys: KeyPair):
+    server = start_server(event_loop="asyncio", ping_interval_s=0.3, ping_timeout_s=0.3)
+    silent = await Client.connect(server, keys.mint("silent"))
+    awake = await Client.connect(server, keys.mint("awake"))
+    for client in (silent, awake):
+        await client.expect(Welcome)
+    silent.conn.transport.pause_reading()  # type: ignore[union-attr]
+    await asyncio.sleep(1.5)  # pings go unanswered: past interval and timeout, twice over
+    silent.conn.transport.resume_reading()  # type: ignore[union-attr]
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            await silent.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+    # a peer that answers is kept
+    await awake.join("keepalive")
+    assert server.stats()["connections"] == 1

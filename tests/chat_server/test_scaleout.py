@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import redis
 from websockets.exceptions import ConnectionClosed
 
@@ -115,6 +116,7 @@ def assert_each_ack_follows_its_message(inbox: Inbox) -> None:
             assert frame.seq in seen, f"ack {frame.seq} before its message"
 
 
+@pytest.mark.transports  # the listening socket handed down, on each transport
 async def test_two_workers_share_a_room_in_seq_order_with_presence(
     start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
 ):

@@ -58,7 +58,7 @@ BAD_VALUES = {
     "CPU_AFFINITY": "999",
     "WORKERS": "2",  # needs BROKER=redis
     "BROKER": "kafka",
-    "TRANSPORT": "picows",  # not built yet
+    "TRANSPORT": "aiohttp",
     "PROFILE": "pyspy",
     "PROFILE_INTERVAL_S": "0",
     "PROFILE_RUN": "../elsewhere",
@@ -102,6 +102,32 @@ def test_profile_cprofile_is_accepted_with_its_directory_settings():
     assert (settings.profile_dir, settings.profile_run) == ("profiles", "")
     named = Settings.from_mapping({"PROFILE_DIR": "/tmp/lab", "PROFILE_RUN": "run-1.a"})
     assert (named.profile_dir, named.profile_run) == ("/tmp/lab", "run-1.a")
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"TRANSPORT": "picows", "WS_DEFLATE": "on"}, ("TRANSPORT", "WS_DEFLATE")),
+        (
+            {"TRANSPORT": "picows", "WS_DEFLATE": "on", "REGRESSION": "deflate_max_window"},
+            ("REGRESSION", "TRANSPORT"),
+        ),
+    ],
+)
+def test_picows_refuses_what_needs_deflate_naming_both_settings(
+    env: dict[str, str], names: tuple[str, str], tmp_path: Path, keys: KeyPair
+):
+    result = _run({"JWT_PUBLIC_KEY": str(keys.public_path), **env}, tmp_path, "--check")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert all(name in lines[0] for name in names), lines[0]
+    assert "picows" in lines[0]
+
+
+def test_picows_is_accepted_without_deflate():
+    settings = Settings.from_mapping({"TRANSPORT": "picows"})
+    assert (settings.transport, settings.ws_deflate) == ("picows", False)
 
 
 def test_deflate_max_window_needs_deflate():
