@@ -1,12 +1,22 @@
 # chatlab: `make demo` runs the main job, `make test` the tests; both set up first.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint format bench microbench proto memory auth-bench loadtest relay clean
+.PHONY: setup demo lab talk test lint format bench microbench proto memory auth-bench loadtest relay clean
 
 setup:
 	@scripts/setup.sh
 
+# the lab's demo matrix, ending in reports/<time>-demo/report.html
 demo: setup
+	$(PY) -m bench.lab run --matrix demo
+
+# any lab matrix: make lab MATRIX=serializers ARGS="--repeat 3"
+MATRIX ?= demo
+lab: setup
+	$(PY) -m bench.lab run --matrix $(MATRIX) $(ARGS)
+
+# a scripted chat: two users talk through a real server, with tokens it mints itself
+talk: setup
 	$(PY) scripts/demo.py
 
 test: setup
