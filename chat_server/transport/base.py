@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -39,6 +41,8 @@ CLOSE_TRY_AGAIN_LATER = 1013
 #: the header every HTTP response carries, the websocket handshake's included
 WORKER_HEADER = "X-Chatlab-Worker"
 WS_PATH = "/ws"
+#: the write buffer's high-water mark at most: paced sends (replay) wait below it
+PACED_HIGH_WATER_BYTES = 2**15
 
 
 class Transport(Protocol):
@@ -62,6 +66,44 @@ class Transport(Protocol):
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the metrics collector reads at scrape time."""
+
+
+class ServerTransport:
+    """What every transport holds: the service, the shared admission and outbound counters.
+
+    Subclasses listen where :meth:`listen_on` says and answer HTTP requests with
+    :attr:`admission`'s decisions, ``X-Chatlab-Worker: <worker>`` on each.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        service: ChatService,
+        verifier: TokenVerifier,
+        codec: Codec,
+        listen_socket: socket.socket | None = None,
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.codec = codec
+        self.stats = OutboundStats()
+        self.admission = Admission(settings, service, verifier, codec, self.stats)
+        #: this process, as every HTTP response names it
+        self.worker = str(os.getpid())
+        #: paced sends (replay) wait while a connection's buffer is above this, well
+        #: under the 1013 bound, so a replay never trips it
+        self.paced_high_water_bytes = min(PACED_HIGH_WATER_BYTES, settings.max_outbound_bytes // 4)
+        self._listen_socket = listen_socket
+
+    def listen_on(self) -> dict[str, Any]:
+        """``CHAT_HOST:CHAT_PORT``, or the socket the supervisor handed down (WORKERS > 1)."""
+        if self._listen_socket is None:
+            return {"host": self.settings.host, "port": self.settings.port}
+        return {"sock": self._listen_socket}
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """The service's counters plus the transport's outbound accounting."""
+        return self.admission.stats_snapshot()
 
 
 class OutboundStats:

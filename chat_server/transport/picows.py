@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -55,9 +54,8 @@ from chat_server.transport.base import (
     CLOSE_PROTOCOL_ERROR,
     CLOSE_TRY_AGAIN_LATER,
     WORKER_HEADER,
-    Admission,
     Admitted,
-    OutboundStats,
+    ServerTransport,
 )
 
 if TYPE_CHECKING:
@@ -71,8 +69,6 @@ log = logging.getLogger("chat_server.transport")
 
 #: seconds a client has to send its upgrade request (websockets' open_timeout)
 HANDSHAKE_TIMEOUT_S = 10.0
-#: the write buffer's high-water mark at most: paced sends wait below it
-PACED_HIGH_WATER_BYTES = 2**15
 
 TEXT = WSMsgType.TEXT
 BINARY = WSMsgType.BINARY
@@ -113,7 +109,7 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         self._ws = transport
         self._write = transport.send
         self.tcp = tcp = transport.underlying_transport
-        tcp.set_write_buffer_limits(high=owner.high_water_bytes)
+        tcp.set_write_buffer_limits(high=owner.paced_high_water_bytes)
         owner.peers.add(self)
         self.session = owner.service.open(self.user, self.send, self.send_paced, self.close)
         if owner.ping_interval_s:
@@ -288,11 +284,12 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
             self.tcp.abort()
 
 
-class PicowsTransport:
+class PicowsTransport(ServerTransport):
     """Serves ``/ws`` (and ``/healthz``, ``/stats``) with picows."""
 
     #: the loop it serves on (set by :meth:`start`); connections' timers run on it
     loop: asyncio.AbstractEventLoop
+    _server: asyncio.Server | None = None
 
     def __init__(
         self,
@@ -302,41 +299,27 @@ class PicowsTransport:
         codec: Codec,
         listen_socket: socket.socket | None = None,
     ) -> None:
-        self.settings = settings
-        self.service = service
-        self.codec = codec
-        self.stats = OutboundStats()
-        self.admission = Admission(settings, service, verifier, codec, self.stats)
+        super().__init__(settings, service, verifier, codec, listen_socket)
         self.peers: set[PicowsPeer] = set()
         self.all_gone = asyncio.Event()
         self.max_outbound_bytes = settings.max_outbound_bytes
         self.max_frame_bytes = settings.max_frame_bytes
-        # paced sends (replay) wait below this, well under the 1013 bound (as websockets)
-        self.high_water_bytes = min(PACED_HIGH_WATER_BYTES, settings.max_outbound_bytes // 4)
         self.close_timeout_s = settings.close_timeout_s
         self.ping_interval_s = settings.ping_interval_s
         self.ping_timeout_s = settings.ping_timeout_s
-        self._listen_socket = listen_socket
-        self._headers = {WORKER_HEADER: str(os.getpid())}
-        self._server: asyncio.Server | None = None
+        self._headers = {WORKER_HEADER: self.worker}
 
     async def start(self) -> None:
         """Listen on ``CHAT_HOST:CHAT_PORT``, or accept on the socket given (WORKERS > 1)."""
-        s = self.settings
         self.loop = asyncio.get_running_loop()
-        where: dict[str, Any] = (
-            {"host": s.host, "port": s.port}
-            if self._listen_socket is None
-            else {"sock": self._listen_socket}
-        )
         self._server = await ws_create_server(
             self._route,
-            **where,
+            **self.listen_on(),
             websocket_handshake_timeout=HANDSHAKE_TIMEOUT_S,
             logger_name=picows_log,
             enable_auto_ping=False,  # ours closes with 1011, as the contract says
             enable_auto_pong=True,
-            max_frame_size=s.max_frame_bytes,
+            max_frame_size=self.settings.max_frame_bytes,
         )
 
     @property
@@ -368,10 +351,6 @@ class PicowsTransport:
             log.warning("%d connections outlived their closing handshake: dropped", len(self.peers))
             for peer in list(self.peers):
                 peer.abort()
-
-    def stats_snapshot(self) -> dict[str, Any]:
-        """The service's counters plus the transport's outbound accounting."""
-        return self.admission.stats_snapshot()
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the metrics collector reads at scrape time."""

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -31,21 +29,16 @@ from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFact
 from websockets.http11 import Request, Response
 from websockets.protocol import OPEN, State
 
-from chat_server.auth import TokenVerifier
-from chat_server.codecs.base import Codec
 from chat_server.settings import Settings
 from chat_server.transport.base import (
     CLOSE_GOING_AWAY,
     CLOSE_TRY_AGAIN_LATER,
     WORKER_HEADER,
-    Admission,
     Admitted,
     OutboundStats,
     Reply,
+    ServerTransport,
 )
-
-if TYPE_CHECKING:
-    from chat_server.service import ChatService
 
 # websockets logs every connection's open and close at INFO: one line per connection
 # is noise under load, so its own logger starts at WARNING (LOG_LEVEL=debug shows it).
@@ -75,7 +68,9 @@ class WebsocketsPeer:
 
     def send(self, frame: bytes) -> None:
         """Write one frame now; close 1013 when the connection's buffer passes the bound."""
-        if self._protocol.state is not OPEN:
+        # a peer that reset is still OPEN to the protocol until its reader sees EOF, but
+        # its transport is closing: writing there makes asyncio log a warning per frame
+        if self._protocol.state is not OPEN or self._transport.is_closing():
             return
         self._write(frame)
         self._conn.send_data()
@@ -113,46 +108,24 @@ class WebsocketsPeer:
             self._transport.abort()
 
 
-class WebsocketsTransport:
+class WebsocketsTransport(ServerTransport):
     """Serves ``/ws`` (and ``/healthz``, ``/stats``) with the websockets library."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        service: ChatService,
-        verifier: TokenVerifier,
-        codec: Codec,
-        listen_socket: socket.socket | None = None,
-    ) -> None:
-        self.settings = settings
-        self.service = service
-        self.verifier = verifier
-        self.codec = codec
-        self.stats = OutboundStats()
-        self.admission = Admission(settings, service, verifier, codec, self.stats)
-        self._listen_socket = listen_socket
-        self._worker = str(os.getpid())
-        self._server: Server | None = None
+    _server: Server | None = None
 
     async def start(self) -> None:
         """Listen on ``CHAT_HOST:CHAT_PORT``, or accept on the socket given (WORKERS > 1)."""
         s = self.settings
-        where: dict[str, Any] = (
-            {"host": s.host, "port": s.port}
-            if self._listen_socket is None
-            else {"sock": self._listen_socket}
-        )
         self._server = await serve(
             self._handler,
-            **where,
+            **self.listen_on(),
             process_request=self._process_request,
             process_response=self._process_response,
             select_subprotocol=self._select_subprotocol,
             compression=None,
             extensions=_deflate_extensions(s),
             max_size=s.max_frame_bytes,
-            # paced sends (replay) wait below this, well under the 1013 bound
-            write_limit=min(2**15, s.max_outbound_bytes // 4),
+            write_limit=self.paced_high_water_bytes,
             ping_interval=s.ping_interval_s or None,
             ping_timeout=s.ping_timeout_s or None,
             close_timeout=s.close_timeout_s,
@@ -193,15 +166,11 @@ class WebsocketsTransport:
     def _process_response(
         self, connection: ServerConnection, request: Request, response: Response
     ) -> None:
-        response.headers[WORKER_HEADER] = self._worker
+        response.headers[WORKER_HEADER] = self.worker
 
     def _select_subprotocol(self, connection: ServerConnection, subprotocols: Any) -> Any:
         ours = self.codec.subprotocol
         return ours if ours in subprotocols else None
-
-    def stats_snapshot(self) -> dict[str, Any]:
-        """The service's counters plus the transport's outbound accounting."""
-        return self.admission.stats_snapshot()
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the metrics collector reads at scrape time."""
