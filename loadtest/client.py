@@ -661,10 +661,12 @@ class RelaySession(Session):
     (the user's own too) is one delivery.
     """
 
-    def connect(self, url: str, token: str = "", timeout_s: float = 10.0) -> None:
+    def connect(
+        self, url: str, token: str = "", timeout_s: float = 10.0, deflate: bool = False
+    ) -> None:
         """Open ``url?room=ROOM`` (reporting ``connect``); the relay has no join."""
         sep = "&" if "?" in url else "?"
-        self._open(f"{url}{sep}room={self.room}", timeout_s=timeout_s)
+        self._open(f"{url}{sep}room={self.room}", timeout_s=timeout_s, deflate=deflate)
         self.join_seq = 0
 
     def join(self) -> None:
