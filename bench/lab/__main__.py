@@ -41,6 +41,18 @@ def _out_dir(given: str, label: str) -> Path:
     return REPORTS_DIR / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{label}"
 
 
+def _config_name(env: dict[str, str]) -> str:
+    """A name like the matrices' (``orjson+uvloop+deflate``, ``+picows``) for ``--env`` toggles."""
+    parts = [env.get("SERIALIZER", "orjson"), env.get("EVENT_LOOP", "uvloop")]
+    if env.get("WS_DEFLATE") == "on":
+        parts.append("deflate")
+    if env.get("TRANSPORT", "websockets") != "websockets":
+        parts.append(env["TRANSPORT"])
+    known = {"SERIALIZER", "EVENT_LOOP", "WS_DEFLATE", "TRANSPORT"}
+    parts += [f"{k}={v}" for k, v in env.items() if k not in known]
+    return "+".join(parts)
+
+
 def _saved_ceilings() -> dict[str, Step]:
     """The drivers' ceilings from the last ``python -m bench.lab ceiling``, if any."""
     try:
@@ -106,7 +118,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     slo = parse_slo(args.slo)
     env = dict(item.split("=", 1) for item in args.env)
-    config = Config(name=args.name or "+".join(env.values()) or "chat", env=env, locust=False)
+    config = Config(name=args.name or _config_name(env), env=env, locust=False)
     load = Load(
         connections=args.connections,
         room_size=args.room_size,

@@ -49,18 +49,7 @@ def climb(
     repeat: int = 0,
 ) -> Run:
     """Climb one configuration: one server, one driver run per rate; the Run with every step."""
-    workdir = lab.out_dir / "runs" / f"{config.slug()}-capacity"
-    workdir.mkdir(parents=True, exist_ok=True)
-    run = Run(
-        config=config.name,
-        repeat=repeat,
-        target=config.target,
-        env=dict(config.env),
-        server_cores=lab.server_cores,
-        generator_cores=lab.generator_cores,
-        started_s=round(time.monotonic() - lab.t0, 2),
-    )
-    sampler = Sampler(time.monotonic()).start()
+    workdir, run, sampler = lab.begin_run(config, repeat, "capacity")
     server = None
     try:
         server, _ = lab.start_target(config, workdir)

@@ -556,10 +556,9 @@ class Lab:
         step.started_s = started_s
         return step
 
-    def run_config(self, matrix: Matrix, config: Config, repeat: int) -> Run:
-        """Start, drive, sample and stop one configuration once; its Run (status says how)."""
-        load = matrix.load_of(config)
-        workdir = self.out_dir / "runs" / f"{config.slug()}-r{repeat + 1}"
+    def begin_run(self, config: Config, repeat: int, label: str) -> tuple[Path, Run, Sampler]:
+        """A run's directory (``runs/<config>-<label>``), its empty Run, a started Sampler."""
+        workdir = self.out_dir / "runs" / f"{config.slug()}-{label}"
         workdir.mkdir(parents=True, exist_ok=True)
         run = Run(
             config=config.name,
@@ -570,7 +569,12 @@ class Lab:
             generator_cores=self.generator_cores,
             started_s=round(time.monotonic() - self.t0, 2),
         )
-        sampler = Sampler(time.monotonic()).start()
+        return workdir, run, Sampler(time.monotonic()).start()
+
+    def run_config(self, matrix: Matrix, config: Config, repeat: int) -> Run:
+        """Start, drive, sample and stop one configuration once; its Run (status says how)."""
+        load = matrix.load_of(config)
+        workdir, run, sampler = self.begin_run(config, repeat, f"r{repeat + 1}")
         server: ServiceProcess | None = None
         try:
             self._phase(config, repeat, "starting")
