@@ -218,6 +218,8 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
 
     def _on_fragment(self, frame: WSFrame) -> None:
         """A message sent in several frames: reassembled, then handled as one frame."""
+        if self.closing:
+            return  # the rest of a message refused (1009, 1007) or sent after our close
         kind = frame.msg_type
         if kind == CONTINUATION:
             if self._fragments is None:
@@ -248,10 +250,15 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         self._on_frame(self.session, text)
 
     def _fail(self, code: int, reason: str) -> None:
-        """Close with ``code`` for something the client did wrong, without waiting for it."""
+        """Close with ``code`` for something the client did wrong; its later frames are dropped.
+
+        The socket is not shut at once: a close with the client's unread frames still in
+        our receive buffer would go out as a TCP reset, and the client could lose the
+        close frame (and its code). The closing handshake, or the drop after
+        ``CLOSE_TIMEOUT_S``, ends the connection, as for every other close.
+        """
+        self._fragments = None
         self.close(code, reason)
-        if self._ws is not None:
-            self._ws.disconnect()
 
     def _ping(self) -> None:
         if self.closing or self._ws is None:
