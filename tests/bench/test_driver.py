@@ -228,11 +228,12 @@ def test_latencies_added_in_bulk_count_as_if_recorded_one_by_one() -> None:
     assert bulk.percentiles_ms()["max"] == one_by_one.get_max_value() / 1000
 
 
-async def test_the_picows_relay_keeps_the_relay_contract() -> None:
+@pytest.mark.parametrize("transport", ["websockets", "picows"])
+async def test_both_relays_send_every_frame_verbatim_to_their_whole_room(transport: str) -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    with running_relay("picows") as url:
+    with running_relay(transport) as url:
         async with (
             connect(f"{url}?room=a", compression=None) as a1,
             connect(f"{url}?room=a", compression=None) as a2,

@@ -6,7 +6,6 @@ subprocess. The profile and threshold parsers are tested in-process (pure code).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import sys
@@ -175,27 +174,6 @@ def test_server_closing_users_gives_failures_with_reasons(
         name == "connect" and "closed by the server: 1008" in error for name, error in reasons
     ), reasons
     assert run.report["deliveries"]["unexpected_closes"] > 0
-
-
-async def test_relay_sends_every_frame_verbatim_to_its_whole_room(relay_url: str) -> None:
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
-
-    async with (
-        connect(f"{relay_url}?room=a", compression=None) as a1,
-        connect(f"{relay_url}?room=a", compression=None) as a2,
-        connect(f"{relay_url}?room=b", compression=None) as b1,
-    ):
-        await a1.send("hello")
-        assert [await a1.recv(), await a2.recv()] == ["hello", "hello"]
-        await a2.send(b"\x00\x01")
-        assert [await a1.recv(), await a2.recv()] == [b"\x00\x01", b"\x00\x01"]
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(b1.recv(), 0.2)
-    async with connect(relay_url, compression=None) as nowhere:
-        with pytest.raises(ConnectionClosed) as closed:
-            await nowhere.recv()
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
 
 def test_sends_behind_schedule_are_reported_as_generator_overload(
