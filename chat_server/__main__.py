@@ -68,6 +68,7 @@ async def serve(
         watch_parent,
     )
     from chat_server.service import ChatService  # noqa: PLC0415
+    from chat_server.tail import start_tail  # noqa: PLC0415
     from chat_server.transport import transport_for  # noqa: PLC0415
     from chat_server.transport.base import CLOSE_GOING_AWAY  # noqa: PLC0415
 
@@ -149,6 +150,14 @@ async def serve(
             await metrics.close()
         await service.close()
         return 1
+    counters = service.counters
+    start_tail(
+        counters.gc,
+        counters.loop_lag,
+        lambda: counters.frames_in,
+        settings.gc_policy,
+        settings.gc_full_interval_s,
+    )
     stop = asyncio.Event()
     on_stop_signals(stop.set)
     watcher = None if seat is None else watch_parent(seat.supervisor_pid, stop.set)
@@ -188,6 +197,8 @@ async def serve(
         jwks_refresh.cancel()
     if profiler is not None:
         await profiler.stop()
+    counters.loop_lag.stop()
+    counters.gc.uninstall()
     log.info("chat_server stopped")
     return 0
 

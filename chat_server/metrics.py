@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import resource
 import shutil
 import socket
 import tempfile
@@ -28,7 +29,15 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import psutil
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -39,6 +48,15 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.samples import Sample
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
+
+from chat_server.errors import ErrorCode
+from chat_server.tail import (
+    COMMIT_BUCKETS_S,
+    PAUSE_BUCKETS_S,
+    GcWatch,
+    LoopLagTicker,
+    PlainHistogram,
+)
 
 log = logging.getLogger("chat_server.metrics")
 
@@ -68,24 +86,72 @@ BATCH_SIZE = (
     "chat_group_commit_batch_size",
     "messages per group commit (bucket k holds sizes below 2k)",
 )
+DELIVERY_LATENCY_MS = (
+    "chat_delivery_latency_ms",
+    "from accepting a send to writing its message to the room's members (once per broadcast),"
+    " in ms",
+)
+GC_PAUSE = ("chat_gc_pause_seconds", "cyclic garbage collection pauses, by generation")
+LOOP_LAG = ("chat_loop_lag_seconds", "how late a 10 ms ticker on the event loop ran")
+COMMIT_SECONDS = ("chat_commit_seconds", "history store group commits: transaction time")
+STORE_QUEUE_DEPTH = (
+    "chat_store_queue_depth",
+    "messages accepted and waiting for their group commit",
+)
+# prometheus_client's ProcessCollector families (one process); workers publish the same
+PROCESS_CPU = ("process_cpu_seconds", "Total user and system CPU time spent in seconds.")
+PROCESS_GAUGES = (
+    ("process_virtual_memory_bytes", "Virtual memory size in bytes.", "livesum"),
+    ("process_resident_memory_bytes", "Resident memory size in bytes.", "livesum"),
+    ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", "min"),
+    ("process_open_fds", "Number of open file descriptors.", "livesum"),
+    ("process_max_fds", "Maximum number of open file descriptors.", "livemax"),
+)
 
 
 class Counters:
-    """Plain counters the server bumps on its hot path; read by the collector."""
+    """Plain counters the server bumps on its hot path; read by the collector.
 
-    __slots__ = ("ack_latency_buckets", "ack_latency_count", "ack_latency_sum_ms", "frames_in")
+    Besides frames and ack latency: the delivery latency (accept to write, per
+    broadcast), the history store's commit times (observed by whichever thread
+    commits), and the process' tail view (:mod:`chat_server.tail`): GC pauses and
+    event-loop lag, once :meth:`start_tail` ran.
+    """
+
+    __slots__ = (
+        "ack_latency_buckets",
+        "ack_latency_count",
+        "ack_latency_sum_ms",
+        "commit_seconds",
+        "delivery_latency",
+        "frames_in",
+        "gc",
+        "loop_lag",
+    )
 
     def __init__(self) -> None:
         self.frames_in = 0
         self.ack_latency_buckets = [0] * (len(ACK_LATENCY_BUCKETS_MS) + 1)
         self.ack_latency_sum_ms = 0.0
         self.ack_latency_count = 0
+        self.delivery_latency = PlainHistogram(ACK_LATENCY_BUCKETS_MS)
+        self.commit_seconds = PlainHistogram(COMMIT_BUCKETS_S)
+        self.gc = GcWatch()
+        self.loop_lag = LoopLagTicker()
 
     def observe_ack_latency_ms(self, latency_ms: float) -> None:
         """Count one ack's latency from accept to ack."""
         self.ack_latency_buckets[bisect.bisect_left(ACK_LATENCY_BUCKETS_MS, latency_ms)] += 1
         self.ack_latency_sum_ms += latency_ms
         self.ack_latency_count += 1
+
+    def tail_summary(self) -> dict[str, Any]:
+        """GC pauses, loop lag, commit times and delivery latency in brief, for ``/stats``."""
+        return {
+            "gc": self.gc.summary(),
+            "loop_lag": self.loop_lag.lag.summary(),
+            "commit": self.commit_seconds.summary(),
+        }
 
 
 class ChatCollector:
@@ -103,8 +169,9 @@ class ChatCollector:
         yield CounterMetricFamily(*FRAMES_IN, value=self._counters.frames_in)
         yield CounterMetricFamily(*FRAMES_OUT, value=state["frames_out"])
         errors = CounterMetricFamily(*ERRORS, labels=["code"])
-        for code, count in sorted(state["errors"].items()):
-            errors.add_metric([code], count)
+        counted = state["errors"]
+        for code in sorted({*ALL_ERROR_CODES, *counted}):
+            errors.add_metric([code], counted.get(code, 0))
         yield errors
         yield GaugeMetricFamily(*OUTBOUND_BYTES, value=state["outbound_bytes"])
         yield CounterMetricFamily(*SLOW_CONSUMER_CLOSES, value=state["slow_consumer_closes"])
@@ -123,11 +190,25 @@ class ChatCollector:
             [sizes[k] for k in bounds] + [0],
             float(store["messages_committed"] + store["messages_failed"]),
         )
+        counters = self._counters
+        yield _plain_histogram(*DELIVERY_LATENCY_MS, counters.delivery_latency)
+        yield _plain_histogram(*COMMIT_SECONDS, counters.commit_seconds)
+        yield _plain_histogram(*LOOP_LAG, counters.loop_lag.lag)
+        gc_pauses = HistogramMetricFamily(*GC_PAUSE, labels=["generation"])
+        for generation, histogram in counters.gc.pauses.items():
+            gc_pauses.add_metric(
+                [str(generation)], _buckets(histogram.bounds, histogram.counts), histogram.sum
+            )
+        yield gc_pauses
+        yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
 
 
-def _histogram(
-    name: str, doc: str, bounds: tuple[float, ...], counts: list[int], total: float
-) -> HistogramMetricFamily:
+#: every error code the contract defines: each is exposed from start, at 0 until it happens
+ALL_ERROR_CODES: Final = tuple(code.value for code in ErrorCode)
+
+
+def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs, ``+Inf`` last, from per-bucket counts."""
     cumulative = 0
     buckets = []
     for bound, count in zip(bounds, counts, strict=False):
@@ -135,7 +216,17 @@ def _histogram(
         buckets.append((str(bound), cumulative))
     cumulative += counts[len(bounds)] if len(counts) > len(bounds) else 0
     buckets.append(("+Inf", cumulative))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+    return buckets
+
+
+def _histogram(
+    name: str, doc: str, bounds: tuple[float, ...], counts: list[int], total: float
+) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=_buckets(bounds, counts), sum_value=total)
+
+
+def _plain_histogram(name: str, doc: str, histogram: PlainHistogram) -> HistogramMetricFamily:
+    return _histogram(name, doc, histogram.bounds, histogram.counts, histogram.sum)
 
 
 class MetricsServer:
@@ -146,6 +237,8 @@ class MetricsServer:
         self.port = port
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)  # type: ignore[arg-type]
+        # process_cpu_seconds_total, resident memory, open fds: prometheus_client's own
+        ProcessCollector(registry=self.registry)
         self._server: Server | None = None
 
     async def start(self) -> None:
@@ -217,6 +310,23 @@ class MetricsPublisher:
         )
         self._batch_bounds = batch_size_bounds(batch_max)
         self._batch_size = Histogram(*BATCH_SIZE, registry=None, buckets=self._batch_bounds)
+        self._delivery_latency = Histogram(
+            *DELIVERY_LATENCY_MS, registry=None, buckets=ACK_LATENCY_BUCKETS_MS
+        )
+        self._commit_seconds = Histogram(*COMMIT_SECONDS, registry=None, buckets=COMMIT_BUCKETS_S)
+        self._loop_lag = Histogram(*LOOP_LAG, registry=None, buckets=PAUSE_BUCKETS_S)
+        self._gc_pause = Histogram(
+            *GC_PAUSE, ["generation"], registry=None, buckets=PAUSE_BUCKETS_S
+        )
+        self._queue_depth = Gauge(*STORE_QUEUE_DEPTH, registry=None, multiprocess_mode="livesum")
+        # the workers' process figures: CPU and memory summed (the supervisor's own are
+        # not in them: it only waits), the earliest start, the highest fd limit
+        self._cpu = Counter(*PROCESS_CPU, registry=None)
+        self._process = psutil.Process()
+        self._process_gauges = {
+            name: Gauge(name, doc, registry=None, multiprocess_mode=mode)
+            for name, doc, mode in PROCESS_GAUGES
+        }
         self._published: dict[str, float] = {}
         self._published_buckets: dict[str, list[int]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -272,6 +382,35 @@ class MetricsPublisher:
             sizes,
             float(store["messages_committed"] + store["messages_failed"]),
         )
+        self._queue_depth.set(store["queue_depth"])
+        for histogram, key, plain in (
+            (self._delivery_latency, "delivery_latency", counters.delivery_latency),
+            (self._commit_seconds, "commit_seconds", counters.commit_seconds),
+            (self._loop_lag, "loop_lag", counters.loop_lag.lag),
+        ):
+            self._grow_histogram(histogram, key, plain.counts, plain.sum)
+        for generation, plain in counters.gc.pauses.items():
+            self._grow_histogram(
+                self._gc_pause.labels(str(generation)), f"gc {generation}", plain.counts, plain.sum
+            )
+        self._publish_process()
+
+    def _publish_process(self) -> None:
+        """This worker's CPU seconds, memory, start time and file descriptors."""
+        process = self._process
+        with process.oneshot():
+            times = process.cpu_times()
+            memory = process.memory_info()
+            values = {
+                "process_virtual_memory_bytes": memory.vms,
+                "process_resident_memory_bytes": memory.rss,
+                "process_start_time_seconds": process.create_time(),
+                "process_open_fds": process.num_fds(),
+                "process_max_fds": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            }
+        self._grow(self._cpu, "cpu", times.user + times.system)
+        for name, value in values.items():
+            self._process_gauges[name].set(value)
 
     def _grow(self, value: _Incrementable, key: str, total: float) -> None:
         """Add to ``value`` what ``total`` gained since it was last published under ``key``."""

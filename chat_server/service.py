@@ -99,6 +99,7 @@ class ChatService:
         self._shared: RedisBroker | None = None
         self._pending_acks: dict[str, deque[tuple[Message, Session]]] = {}
         self._held: dict[Session, deque[Frame]] = {}
+        self.counters = Counters()
         core_wiring: dict[str, Any]
         if settings.broker == "redis":
             core_wiring = self._wire_redis(settings, batch_max)
@@ -111,6 +112,10 @@ class ChatService:
                 batch_max=batch_max,
                 history_max=settings.history_max,
                 writer_hook=writer_hook,
+                commit_on=settings.store_commit_place,
+                checkpoint_pages=settings.chat_db_checkpoint_pages,
+                wal_max_bytes=settings.chat_db_wal_max_bytes,
+                commit_seconds=self.counters.commit_seconds,
             )
             self.broker = MemoryBroker(self._deliver)
             core_wiring = {
@@ -127,7 +132,6 @@ class ChatService:
             **core_wiring,
         )
         self.decode = codec.decode_client
-        self.counters = Counters()
         self.draining = False
         self._paced: dict[Session, SendPaced] = {}
         self._replays: dict[tuple[Session, str], asyncio.Task[None]] = {}
@@ -160,6 +164,7 @@ class ChatService:
             queue_max=settings.store_queue_max,
             batch_max=batch_max,
             history_max=settings.history_max,
+            commit_seconds=self.counters.commit_seconds,
         )
         self.broker = self._shared = RedisBroker(
             client=self._redis,
@@ -280,9 +285,18 @@ class ChatService:
                 core.store_failed(session, message, error)
             return
         publish = self.broker.publish
-        ack = self._ack
+        ack = self.core.ack
+        counters = self.counters
+        observe_ack = counters.observe_ack_latency_ms
+        observe_delivery = counters.delivery_latency.observe
+        # the transports write each connection's frames of this batch together, once
+        # the loop iteration ends: one clock reading serves the whole batch
+        now_ms = time.time_ns() / 1e6
         for message, session in result.items:
             publish(message)
+            latency_ms = now_ms - message.ts
+            observe_delivery(latency_ms)
+            observe_ack(latency_ms)
             ack(session, message)
 
     def _ack(self, session: Session, message: Message) -> None:
@@ -316,6 +330,7 @@ class ChatService:
 
     def _deliver_shared(self, message: Message) -> None:
         self.core.deliver(message)
+        self.counters.delivery_latency.observe(time.time_ns() / 1e6 - message.ts)
         if self._pending_acks and message.room in self._pending_acks:
             self._release_acks(message.room, message.seq)
 
@@ -499,6 +514,7 @@ class ChatService:
             "rooms": len(self.core.rooms),
             "draining": self.draining,
             "store": dataclasses.asdict(self.store.stats()),
+            "tail": self.counters.tail_summary(),
             "worker": {"pid": os.getpid(), "index": self.worker_index, "id": self.worker_id},
         }
         if self._shared is not None:

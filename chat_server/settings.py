@@ -281,6 +281,44 @@ SPECS: tuple[Spec, ...] = (
         "most messages in one group commit",
     ),
     Spec(
+        "CHAT_DB_COMMIT",
+        "chat_db_commit",
+        "auto",
+        choice("auto", "loop", "thread"),
+        "where group commits run: loop (on the event loop, no thread hand-off), thread"
+        " (a writer thread); auto: loop with synchronous=normal, thread with full",
+    ),
+    Spec(
+        "CHAT_DB_CHECKPOINT_PAGES",
+        "chat_db_checkpoint_pages",
+        "1000",
+        integer(1),
+        "WAL pages that start a PASSIVE checkpoint, run on its own thread and connection",
+    ),
+    Spec(
+        "CHAT_DB_WAL_MAX_BYTES",
+        "chat_db_wal_max_bytes",
+        "268435456",
+        integer(1 << 20),
+        "WAL size past which sends get unavailable until a checkpoint catches up"
+        " (a reader holding an old snapshot can stall checkpoints)",
+    ),
+    Spec(
+        "GC_POLICY",
+        "gc_policy",
+        "tuned",
+        choice("tuned", "default"),
+        "tuned: freeze start-up objects, raise thresholds, full collections when idle"
+        " (docs/performance.md); default: CPython's own",
+    ),
+    Spec(
+        "GC_FULL_INTERVAL_S",
+        "gc_full_interval_s",
+        "600",
+        number(1),
+        "with GC_POLICY=tuned: at most this long between full collections under load",
+    ),
+    Spec(
         "JWT_PUBLIC_KEY",
         "jwt_public_key",
         "keys/jwt_public.pem",
@@ -492,6 +530,11 @@ class Settings(SpecSettings):
     chat_db_synchronous: str
     store_queue_max: int
     store_batch_max: int
+    chat_db_commit: str
+    chat_db_checkpoint_pages: int
+    chat_db_wal_max_bytes: int
+    gc_policy: str
+    gc_full_interval_s: float
     jwt_public_key: str
     jwt_algorithm: str
     jwt_issuer: str
@@ -548,12 +591,26 @@ class Settings(SpecSettings):
                 str(self.workers),
                 "WORKERS above 1 needs BROKER=redis (BROKER=memory fans out in one process only)",
             )
+        if self.chat_db_commit == "loop" and self.chat_db_synchronous == "full":
+            raise SettingError(
+                "CHAT_DB_COMMIT",
+                self.chat_db_commit,
+                "CHAT_DB_SYNCHRONOUS=full fsyncs every commit: it stays off the event loop"
+                " (thread or auto)",
+            )
         if self.ping_interval_s and not self.ping_timeout_s:
             raise SettingError("PING_TIMEOUT_S", "0", "must be above 0 while PING_INTERVAL_S is on")
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some fields changed (validated by the caller, for tests and tools)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def store_commit_place(self) -> str:
+        """Where SQLite group commits run: ``loop`` or ``thread`` (``auto`` resolved)."""
+        if self.chat_db_commit != "auto":
+            return self.chat_db_commit
+        return "thread" if self.chat_db_synchronous == "full" else "loop"
 
     def summary(self) -> str:
         """One line naming the performance toggles in force, for the start-up log."""
@@ -566,7 +623,9 @@ class Settings(SpecSettings):
                 f"store=redis:{_redis_location(self.redis_url)}"
                 if self.broker == "redis"
                 else f"store=sqlite:{self.chat_db} synchronous={self.chat_db_synchronous}"
+                f" commit={self.store_commit_place}"
             )
+            + f" gc={self.gc_policy}"
             + (f" REGRESSION={self.regression}" if self.regression != "off" else "")
         )
 

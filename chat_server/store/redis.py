@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -74,6 +75,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore
+from chat_server.tail import COMMIT_BUCKETS_S, PlainHistogram
 
 __all__ = [
     "COMMIT_SCRIPT",
@@ -263,8 +265,15 @@ class RedisHistoryStore(LedgerStore):
         queue_max: int = 10000,
         batch_max: int = 1000,
         history_max: int = 0,
+        commit_seconds: PlainHistogram | None = None,
     ) -> None:
-        """Configure the store; nothing is connected until :meth:`start`."""
+        """Configure the store; nothing is connected until :meth:`start`.
+
+        ``commit_seconds`` receives each batch's commit time (its pipeline's round trip).
+        """
+        self.commit_seconds = (
+            PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else (commit_seconds)
+        )
         if queue_max < 1 or batch_max < 1 or history_max < 0:
             raise ValueError("queue_max and batch_max must be at least 1, history_max 0 or more")
         self._client = client
@@ -346,8 +355,10 @@ class RedisHistoryStore(LedgerStore):
                 self._wakeup.clear()
                 await self._wakeup.wait()
             batch = [queue.popleft() for _ in range(min(len(queue), self._batch_max))]
+            started = time.perf_counter()
             try:
                 await self._commit(batch)
+                self.commit_seconds.observe(time.perf_counter() - started)
             except Exception:
                 log.exception("history store: a batch of %d failed unexpectedly", len(batch))
                 self._ledger.report(batch, StoreError("history store failed"))

@@ -1,13 +1,36 @@
 """Durable room history in one SQLite file, written by group commit.
 
 :class:`SqliteHistoryStore` keeps every room's messages in a SQLite database in
-WAL mode. One writer thread owns the write connection; the event loop only
-appends to a bounded queue, and whatever has queued up while the previous
-transaction committed goes into the next one (group commit, no artificial
-delay). Each room's ``seq`` is assigned inside that transaction and handed to
-the messages only after ``COMMIT`` succeeded, so a failed batch consumes none.
-Each batch's outcome is reported on the event loop, in commit order, through
-the ``on_batch`` callback, with one loop wake-up per batch.
+WAL mode. Messages submitted during one event-loop iteration are handed over
+together, once, at the end of it (one callback, not one per message), and
+committed as one transaction (group commit, no artificial delay). Where that
+transaction runs is ``commit_on``:
+
+``loop``
+    On the event loop, right away. With ``synchronous=normal`` a commit is a WAL
+    append without fsync (tens of microseconds for a batch), cheaper than waking
+    a thread and switching the GIL twice; the loop never waits on a lock (the
+    connection's busy timeout is 0: a database locked by another process fails
+    the batch with ``unavailable``).
+``thread``
+    On a writer thread that owns the write connection; whatever queued up while
+    the previous transaction committed goes into the next one. Required with
+    ``synchronous=full`` (an fsync per commit never runs on the loop).
+
+Each room's ``seq`` is assigned inside the transaction and handed to the messages
+only after ``COMMIT`` succeeded, so a failed batch consumes none. Each batch's
+outcome is reported on the event loop, in commit order, through the ``on_batch``
+callback.
+
+Checkpoints never run inside a commit (``wal_autocheckpoint`` is off): a
+checkpointer thread with its own connection runs ``PRAGMA
+wal_checkpoint(PASSIVE)`` whenever the WAL file reaches ``checkpoint_pages``
+pages; PASSIVE never waits for readers or writers, so no commit waits on the
+checkpoint's fsync. A reader that holds an old snapshot open (an outside tool
+in a long transaction) can keep a checkpoint from finishing; the WAL then grows,
+and once what is not checkpointed passes ``wal_max_bytes`` new submissions are
+refused with ``unavailable`` ("checkpoint blocked") until a checkpoint catches up,
+so the WAL stays bounded.
 
 Durability, by ``synchronous`` (SQLite's ``PRAGMA synchronous`` in WAL mode):
 
@@ -33,6 +56,7 @@ import concurrent.futures
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,6 +65,7 @@ from typing import Any, Final, Protocol, TypeVar
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
+from chat_server.tail import COMMIT_BUCKETS_S, PlainHistogram
 
 __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats", "WriterThreadHook"]
 
@@ -88,6 +113,9 @@ _SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # How often an idle writer checks that its event loop still exists, so that a loop
 # closed without close() does not keep this non-daemon thread (and the process) alive.
 _IDLE_CHECK_S: Final = 1.0
+#: how often the checkpointer looks at the WAL file's size
+CHECKPOINT_POLL_S: Final = 0.25
+_COMMIT_PLACES: Final = ("loop", "thread")
 
 _T = TypeVar("_T")
 _Item = tuple[Message, Any]
@@ -133,7 +161,8 @@ _NO_HOOK: Final = _NoHook()
 
 
 class SqliteHistoryStore(LedgerStore):
-    """A :class:`HistoryStore` on one SQLite file, with one writer thread and one reader thread.
+    """A :class:`HistoryStore` on one SQLite file: commits on the loop or a writer thread,
+    reads on a reader thread, checkpoints on a checkpointer thread.
 
     ``submit`` never blocks the loop: it queues at most ``queue_max`` messages
     (beyond that it raises ``StoreUnavailable("history store overloaded")`` and
@@ -156,15 +185,30 @@ class SqliteHistoryStore(LedgerStore):
         history_max: int = 0,
         busy_timeout_ms: int = 5000,
         writer_hook: WriterThreadHook | None = None,
+        commit_on: str | None = None,
+        checkpoint_pages: int = 1000,
+        wal_max_bytes: int = 256 << 20,
+        commit_seconds: PlainHistogram | None = None,
     ) -> None:
         """Configure the store; nothing is opened until :meth:`start`.
 
-        Raises ``ValueError`` for a ``synchronous`` other than ``normal`` or
-        ``full``, a ``queue_max`` or ``batch_max`` below 1, or a negative
+        ``commit_on`` is ``loop`` or ``thread`` (None: ``loop`` with ``normal``,
+        ``thread`` with ``full``); ``commit_seconds`` receives each transaction's
+        duration. Raises ``ValueError`` for a ``synchronous`` other than ``normal``
+        or ``full``, ``commit_on="loop"`` with ``full``, a ``queue_max``,
+        ``batch_max`` or ``checkpoint_pages`` below 1, or a negative
         ``history_max`` or ``busy_timeout_ms``.
         """
         if synchronous not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
+        if commit_on is None:
+            commit_on = "thread" if synchronous == "full" else "loop"
+        if commit_on not in _COMMIT_PLACES:
+            raise ValueError(f"commit_on must be 'loop' or 'thread', not {commit_on!r}")
+        if commit_on == "loop" and synchronous == "full":
+            raise ValueError("synchronous='full' fsyncs each commit: commit_on must be 'thread'")
+        if checkpoint_pages < 1:
+            raise ValueError(f"checkpoint_pages must be at least 1, not {checkpoint_pages}")
         if queue_max < 1:
             raise ValueError(f"queue_max must be at least 1, not {queue_max}")
         if batch_max < 1:
@@ -181,6 +225,12 @@ class SqliteHistoryStore(LedgerStore):
         self._history_max = history_max
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._writer_hook: WriterThreadHook = _NO_HOOK if writer_hook is None else writer_hook
+        self._on_loop = commit_on == "loop"
+        self._checkpoint_pages = checkpoint_pages
+        self._wal_max_bytes = wal_max_bytes
+        self.commit_seconds = (
+            PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else (commit_seconds)
+        )
 
         # Shared between the loop and the writer, guarded by _cond.
         self._cond = threading.Condition(threading.Lock())
@@ -196,8 +246,19 @@ class SqliteHistoryStore(LedgerStore):
         self._reader: ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
 
+        # Owned by the checkpointer thread (flags read by the loop without a lock).
+        self._checkpointer: threading.Thread | None = None
+        self._checkpointer_stop = threading.Event()
+        self._wal_blocked = False
+        self.checkpoints = 0
+
         # Owned by the event loop.
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the write connection when commits run on the loop
+        self._loop_conn: sqlite3.Connection | None = None
+        #: submitted during this loop iteration, handed over once at its end
+        self._pending: list[_Item] = []
+        self._handover_scheduled = False
         self._accepting = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
@@ -214,17 +275,37 @@ class SqliteHistoryStore(LedgerStore):
         if self._loop is not None or self._closed:
             raise StoreError("history store already started (or closed)")
         self._loop = asyncio.get_running_loop()
-        ready: concurrent.futures.Future[dict[str, int]] = concurrent.futures.Future()
-        self._writer = threading.Thread(
-            target=self._run_writer, args=(ready,), name="chat-history-writer", daemon=False
-        )
-        self._writer.start()
         try:
-            self._last_seq = await asyncio.wrap_future(ready)
+            if self._on_loop:
+                self._writer_stopped.set_result(None)  # no writer thread
+                try:
+                    self._loop_conn = self._open_writer(busy_timeout_s=0.0)
+                except StoreError:
+                    raise
+                except Exception as exc:
+                    logger.exception("history store: opening %s failed", self._path)
+                    raise StoreError(
+                        f"cannot open history store {str(self._path)!r}: {exc}"
+                    ) from exc
+                self._last_seq = dict(self._writer_seq)
+            else:
+                ready: concurrent.futures.Future[dict[str, int]] = concurrent.futures.Future()
+                self._writer = threading.Thread(
+                    target=self._run_writer,
+                    args=(ready,),
+                    name="chat-history-writer",
+                    daemon=False,
+                )
+                self._writer.start()
+                self._last_seq = await asyncio.wrap_future(ready)
             self._reader = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="chat-history-reader"
             )
             await self._loop.run_in_executor(self._reader, self._open_reader)
+            self._checkpointer = threading.Thread(
+                target=self._run_checkpointer, name="chat-history-checkpointer", daemon=False
+            )
+            self._checkpointer.start()
         except BaseException:
             self._closed = True
             await self._stop_threads()
@@ -262,6 +343,13 @@ class SqliteHistoryStore(LedgerStore):
             await asyncio.wrap_future(self._writer_stopped)
             self._writer.join()
             self._writer = None
+        if self._checkpointer is not None:
+            self._checkpointer_stop.set()
+            checkpointer, self._checkpointer = self._checkpointer, None
+            await asyncio.to_thread(checkpointer.join)
+        if self._loop_conn is not None:
+            self._loop_conn.close()
+            self._loop_conn = None
         if self._reader is not None:
             reader, self._reader = self._reader, None
             assert self._loop is not None
@@ -282,21 +370,51 @@ class SqliteHistoryStore(LedgerStore):
     # ---- writes ---------------------------------------------------------------
 
     def submit(self, message: Message, context: Any) -> None:
-        """Queue ``message`` (``seq`` 0) for the next group commit; never blocks.
+        """Queue ``message`` (``seq`` 0) for the group commit after this loop iteration.
 
-        Raises ``StoreUnavailable`` and queues nothing when the store is not
-        started, is closed or closing, or already holds ``queue_max`` waiting
-        messages. Otherwise the outcome arrives later through ``on_batch``.
+        Never blocks. Raises ``StoreUnavailable`` and queues nothing when the store
+        is not started, is closed or closing, already holds ``queue_max`` waiting
+        messages, or its WAL is past ``wal_max_bytes`` because checkpoints are
+        blocked. Otherwise the outcome arrives later through ``on_batch``.
         """
         if not self._accepting:
             reason = "closed" if self._closed else "not started"
             raise StoreUnavailable(f"history store {reason}")
-        with self._cond:
-            if len(self._queue) >= self._queue_max:
-                raise StoreUnavailable("history store overloaded")
-            self._queue.append((message, context))
-            self._cond.notify()
+        if len(self._pending) + len(self._queue) >= self._queue_max:
+            raise StoreUnavailable("history store overloaded")
+        if self._wal_blocked:
+            raise StoreUnavailable("history store: WAL full, a checkpoint is blocked by a reader")
+        self._pending.append((message, context))
+        if not self._handover_scheduled:
+            self._handover_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._hand_over)
         self._ledger.submitted()
+
+    def _hand_over(self) -> None:
+        """At the end of a loop iteration: commit what it submitted, or give it to the writer."""
+        self._handover_scheduled = False
+        items, self._pending = self._pending, []
+        if not items:
+            return
+        if self._on_loop:
+            conn = self._loop_conn
+            size = self._batch_max
+            for start in range(0, len(items), size):
+                batch = items[start : start + size]
+                if conn is None:
+                    self._report(batch, [], {}, StoreUnavailable("history store closed"))
+                    continue
+                seqs, room_seqs, error = self._commit(conn, batch)
+                self._report(batch, seqs, room_seqs, error)
+            return
+        with self._cond:
+            self._queue.extend(items)
+            self._cond.notify()
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the batches so far; the queue counts what waits for its commit."""
+        return self._ledger.stats(queue_depth=len(self._queue) + len(self._pending))
 
     def last_seq(self, room: str) -> int:
         """The last ``seq`` of ``room`` reported to ``on_batch`` (0 when it has none)."""
@@ -344,11 +462,16 @@ class SqliteHistoryStore(LedgerStore):
             hook.thread_stopped()
             self._writer_stopped.set_result(None)
 
-    def _open_writer(self) -> sqlite3.Connection:
-        """Create the file and schema if missing, apply the pragmas, load the rooms."""
+    def _open_writer(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
+        """Create the file and schema if missing, apply the pragmas, load the rooms.
+
+        The connection never checkpoints (the checkpointer thread does).
+        """
         path = self._path
+        timeout = self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # opening and creating the schema may wait for another process
             conn = sqlite3.connect(path, timeout=self._busy_timeout_s, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
@@ -357,6 +480,7 @@ class SqliteHistoryStore(LedgerStore):
             if str(mode).lower() != "wal":
                 raise StoreError(f"history store {str(path)!r} cannot use WAL mode ({mode})")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
             conn.execute("BEGIN IMMEDIATE")
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -374,6 +498,10 @@ class SqliteHistoryStore(LedgerStore):
             finally:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            # a WAL restarted after a checkpoint is cut back to about one checkpoint's worth
+            conn.execute(f"PRAGMA journal_size_limit = {self._checkpoint_pages * page_size}")
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
@@ -435,6 +563,7 @@ class SqliteHistoryStore(LedgerStore):
             room_seqs[room] = seq
             seqs.append(seq)
             rows.append((room, seq, message.user, message.body, message.ts, message.ref))
+        started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany(_INSERT_MESSAGE, rows)
@@ -456,6 +585,7 @@ class SqliteHistoryStore(LedgerStore):
                 except sqlite3.Error as rollback_exc:
                     logger.error("history store: rollback failed: %s", rollback_exc)
             return [], {}, error
+        self.commit_seconds.observe(time.perf_counter() - started)
         cache.update(room_seqs)
         return seqs, room_seqs, None
 
@@ -465,6 +595,58 @@ class SqliteHistoryStore(LedgerStore):
         if isinstance(exc, sqlite3.OperationalError):
             return StoreUnavailable(f"history store unavailable: {exc}")
         return StoreError(f"history store failed: {exc}")
+
+    # ---- the checkpointer thread ---------------------------------------------
+
+    def _run_checkpointer(self) -> None:
+        """Checkpointer thread: PASSIVE checkpoints whenever the WAL file is big enough.
+
+        Also decides whether the WAL is blocked: what no checkpoint could copy back
+        (a reader holds an older snapshot) past ``wal_max_bytes``. Ends on
+        :meth:`close` (or when the loop is gone) with a last PASSIVE checkpoint.
+        """
+        loop = self._loop
+        assert loop is not None
+        wal = self._path.with_name(self._path.name + "-wal")
+        try:
+            conn = sqlite3.connect(self._path, timeout=self._busy_timeout_s, isolation_level=None)
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        except sqlite3.Error:
+            logger.exception("history store: the checkpointer cannot open %s", self._path)
+            return
+        threshold = self._checkpoint_pages * page_size
+        try:
+            while not self._checkpointer_stop.wait(CHECKPOINT_POLL_S) and not loop.is_closed():
+                try:
+                    size = wal.stat().st_size
+                except FileNotFoundError:
+                    continue
+                if size >= threshold or self._wal_blocked:
+                    self._checkpoint(conn, page_size)
+            self._checkpoint(conn, page_size)
+        finally:
+            conn.close()
+
+    def _checkpoint(self, conn: sqlite3.Connection, page_size: int) -> None:
+        """One PASSIVE checkpoint; sets or clears the blocked flag from what it left."""
+        try:
+            _busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:
+            logger.warning("history store: checkpoint failed: %s", exc)
+            return
+        self.checkpoints += 1
+        left_bytes = max(0, wal_frames - copied) * page_size
+        blocked = left_bytes > self._wal_max_bytes
+        if blocked != self._wal_blocked:
+            self._wal_blocked = blocked
+            if blocked:
+                logger.warning(
+                    "history store: %d MiB of WAL not checkpointed (a reader holds an old"
+                    " snapshot): refusing sends until a checkpoint catches up",
+                    left_bytes >> 20,
+                )
+            else:
+                logger.warning("history store: checkpoint caught up; accepting sends again")
 
     # ---- reads ---------------------------------------------------------------
 

@@ -66,8 +66,41 @@ async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: 
     assert 1 <= samples["chat_group_commit_batch_size_count"] <= 10
     assert samples["chat_slow_consumer_closes_total"] == 0
     assert samples["chat_outbound_buffer_bytes"] >= 0
+    # the tail: one delivery per broadcast, commits timed, the ticker ticking, the GC
+    # timed per generation, the queue empty, every error code there from the start
+    assert samples["chat_delivery_latency_ms_count"] == 10
+    assert samples["chat_delivery_latency_ms_bucket{le=100}"] <= 10
+    assert 1 <= samples["chat_commit_seconds_count"] <= 10
+    assert samples["chat_loop_lag_seconds_count"] >= 1
+    assert {f"chat_gc_pause_seconds_count{{generation={g}}}" for g in "012"} <= samples.keys()
+    assert samples["chat_store_queue_depth"] == 0
+    assert samples["chat_errors_total{code=unavailable}"] == 0
+    assert samples["chat_errors_total{code=rate_limited}"] == 0
+    assert samples["process_cpu_seconds_total"] > 0
     await alice.close()
     await bob.close()
+
+
+async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, keys: KeyPair):
+    metrics_port = free_port()
+    # GC_POLICY=default: CPython's thresholds collect the young generation often
+    server = start_server(metrics_port=metrics_port, gc_policy="default")
+    alice = await Client.connect(server, keys.mint("alice"))
+    await alice.expect(Welcome)
+    await alice.join("gc")
+    for i in range(50):
+        await alice.send(Send(room="gc", body=f"m{i}"))
+    for _ in range(50):
+        await alice.expect(Ack, skip=(Message,))
+    await asyncio.sleep(0.3)  # some ticks of the 10 ms lag ticker
+    samples = _scrape(metrics_port)
+    assert samples["chat_gc_pause_seconds_count{generation=0}"] >= 1
+    assert samples["chat_loop_lag_seconds_count"] >= 10
+    tail = server.stats()["tail"]
+    assert tail["gc"]["pauses"]["0"]["count"] >= 1
+    assert tail["loop_lag"]["count"] >= 10
+    assert tail["commit"]["count"] >= 1
+    await alice.close()
 
 
 # ---- WORKERS > 1: the supervisor serves the sum of what the workers publish ----------------

@@ -208,7 +208,10 @@ def test_a_workers_run_name_holds_its_index_and_pid():
 async def test_the_writer_thread_closes_its_window_when_asked_idle_or_busy(tmp_path: Path):
     hook = ThreadProfile("history writer")
     store = SqliteHistoryStore(
-        path=tmp_path / "chat.sqlite3", on_batch=lambda result: None, writer_hook=hook
+        path=tmp_path / "chat.sqlite3",
+        on_batch=lambda result: None,
+        writer_hook=hook,
+        commit_on="thread",
     )
     await store.start()
     for i in range(20):

@@ -50,14 +50,25 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "data" / "chat.sqlite3"
 
 
+@pytest.fixture(params=["loop", "thread"])
+def commit_on(request: pytest.FixtureRequest) -> str:
+    """Where the store's group commits run: every store test runs both ways."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def open_store(db_path: Path) -> AsyncIterator[StoreFactory]:
+async def open_store(db_path: Path, commit_on: str) -> AsyncIterator[StoreFactory]:
     """Start stores on ``db_path`` (keyword overrides allowed); close them all afterwards."""
     stores: list[SqliteHistoryStore] = []
 
     async def factory(**overrides: Any) -> tuple[SqliteHistoryStore, Recorder]:
         recorder = Recorder()
-        kwargs: dict[str, Any] = {"path": db_path, "on_batch": recorder, **overrides}
+        kwargs: dict[str, Any] = {
+            "path": db_path,
+            "on_batch": recorder,
+            "commit_on": commit_on,
+            **overrides,
+        }
         store = SqliteHistoryStore(**kwargs)
         await store.start()
         stores.append(store)
@@ -130,7 +141,7 @@ async def test_seq_is_set_only_after_commit_and_reported_on_the_loop_thread(
 async def test_new_database_uses_wal_and_the_current_schema_version(
     open_store: StoreFactory, db_path: Path
 ) -> None:
-    await open_store(synchronous="full")
+    await open_store(synchronous="full", commit_on="thread")
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -252,7 +263,8 @@ async def test_failed_batch_consumes_no_seq_and_the_store_recovers(
 async def test_full_queue_rejects_submits_and_queues_nothing(
     open_store: StoreFactory, db_path: Path
 ) -> None:
-    store, recorder = await open_store(queue_max=3, busy_timeout_ms=30_000)
+    # a writer thread waiting on another process' write lock holds its batch meanwhile
+    store, recorder = await open_store(queue_max=3, busy_timeout_ms=30_000, commit_on="thread")
     with write_lock(db_path):
         in_flight = make_message(body="in flight")
         store.submit(in_flight, None)
@@ -271,6 +283,120 @@ async def test_full_queue_rejects_submits_and_queues_nothing(
     reported = [m for result in recorder.results for m, _ in result.items]
     assert reported == [in_flight, *queued]
     assert stored_seqs(db_path) == [1, 2, 3, 4]
+
+
+async def test_one_iterations_submissions_are_bounded_too(open_store: StoreFactory) -> None:
+    store, recorder = await open_store(queue_max=3)
+    queued = [make_message(body=f"queued {i}") for i in range(3)]
+    for message in queued:  # one loop iteration: nothing is handed over yet
+        store.submit(message, None)
+    assert store.stats().queue_depth == 3
+    rejected = make_message(body="rejected")
+    with pytest.raises(StoreUnavailable, match="overloaded"):
+        store.submit(rejected, None)
+    await store.flush()
+
+    assert [m.seq for m in queued] == [1, 2, 3]
+    assert rejected.seq == 0
+    assert [m for result in recorder.results for m, _ in result.items] == queued
+
+
+async def test_one_iterations_submissions_are_handed_over_once(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, recorder = await open_store()
+    messages = [make_message(body=f"m{i}") for i in range(50)]
+    for message in messages:
+        store.submit(message, None)
+    await store.flush()
+    # submitted in one iteration, committed in one transaction
+    assert len(recorder.results) == 1
+    assert [m.seq for m in messages] == list(range(1, 51))
+    assert store.commit_seconds.count == 1
+    assert stored_seqs(db_path) == list(range(1, 51))
+
+
+async def test_on_the_loop_a_locked_database_fails_the_batch_at_once(db_path: Path) -> None:
+    recorder = Recorder()
+    store = SqliteHistoryStore(
+        path=db_path, on_batch=recorder, commit_on="loop", busy_timeout_ms=60_000
+    )
+    await store.start()
+    try:
+        with write_lock(db_path):
+            message = make_message()
+            store.submit(message, None)
+            # the loop does not wait out the 60 s busy timeout: the batch fails now
+            async with asyncio.timeout(10):
+                await store.flush()
+        assert message.seq == 0
+        assert isinstance(recorder.results[-1].error, StoreUnavailable)
+    finally:
+        await store.close()
+
+
+# ---- checkpoints ---------------------------------------------------------------------
+
+
+async def test_commits_never_checkpoint_the_checkpointer_does(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    # a checkpointer that never finds the WAL big enough: 1,200 pages stay in the WAL,
+    # past SQLite's automatic checkpoint at 1,000 (which a commit would have run)
+    store, _ = await open_store(checkpoint_pages=1_000_000)
+    before_bytes = db_path.stat().st_size
+    for _ in range(12):
+        for _ in range(100):
+            store.submit(make_message(body="x" * 3000), None)
+        await store.flush()
+    assert db_path.stat().st_size == before_bytes
+    assert store.checkpoints == 0
+    await store.close()
+
+    # a checkpointer that finds it big enough copies it back
+    store, _ = await open_store(checkpoint_pages=4)
+    store.submit(make_message(body="z" * 3000), None)
+    await store.flush()
+    await wait_until(lambda: store.checkpoints > 0)
+    assert db_path.stat().st_size > before_bytes + 1000 * 3000
+    assert stored_seqs(db_path) == list(range(1, 1202))
+
+
+async def test_a_reader_blocking_checkpoints_bounds_the_wal_with_unavailable(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, _ = await open_store(checkpoint_pages=4, wal_max_bytes=1 << 20)
+    store.submit(make_message(), None)
+    await store.flush()
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM messages").fetchone()  # holds this snapshot
+        refused = None
+        async with asyncio.timeout(60):
+            while refused is None:
+                try:
+                    for _ in range(20):
+                        store.submit(make_message(body="y" * 3000), None)
+                except StoreUnavailable as exc:
+                    refused = exc
+                await store.flush()
+                await asyncio.sleep(0.01)
+        assert "checkpoint is blocked" in str(refused)
+        assert db_path.with_name(db_path.name + "-wal").stat().st_size < 4 << 20
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+    # the reader let go: a checkpoint catches up and sends are taken again
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                store.submit(make_message(body="after"), None)
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.05)
+    await store.flush()
+    assert (await store.history("lobby", None, 1))[0].body == "after"
 
 
 async def test_failing_on_batch_callback_does_not_stall_the_store(
@@ -346,8 +472,8 @@ CHILD = textwrap.dedent(
             sys.stdout.flush()
 
 
-    async def main(path, count):
-        store = SqliteHistoryStore(path=path, on_batch=on_batch)
+    async def main(path, count, commit_on):
+        store = SqliteHistoryStore(path=path, on_batch=on_batch, commit_on=commit_on)
         await store.start()
         for i in range(count):
             store.submit(Message(room="lobby", seq=0, user="u", body=f"m{i}", ts=0), None)
@@ -359,13 +485,13 @@ CHILD = textwrap.dedent(
         await asyncio.sleep(3600)
 
 
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
     """
 )
 
 
 async def test_acked_messages_survive_sigkill(
-    tmp_path: Path, db_path: Path, open_store: StoreFactory
+    tmp_path: Path, db_path: Path, open_store: StoreFactory, commit_on: str
 ) -> None:
     path = db_path
     proc = await asyncio.create_subprocess_exec(
@@ -374,6 +500,7 @@ async def test_acked_messages_survive_sigkill(
         CHILD,
         str(path),
         "300",
+        commit_on,
         stdout=asyncio.subprocess.PIPE,
         cwd=tmp_path,
     )
@@ -456,6 +583,9 @@ async def test_start_on_unusable_path_raises_store_error(tmp_path: Path, where: 
         {"batch_max": 0},
         {"history_max": -1},
         {"busy_timeout_ms": -1},
+        {"commit_on": "elsewhere"},
+        {"commit_on": "loop", "synchronous": "full"},
+        {"checkpoint_pages": 0},
     ],
 )
 def test_bad_settings_are_refused(db_path: Path, overrides: dict[str, Any]) -> None:
