@@ -15,6 +15,7 @@ report.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
+
+from websockets.frames import Frame, Opcode
 
 from chat_server.auth import InvalidToken, TokenVerifier
 from chat_server.codecs.base import Codec
@@ -87,6 +90,7 @@ class ServerTransport:
         self.service = service
         self.codec = codec
         self.stats = OutboundStats()
+        self.coalescer = WriteCoalescer(codec.binary)
         self.admission = Admission(settings, service, verifier, codec, self.stats)
         #: this process, as every HTTP response names it
         self.worker = str(os.getpid())
@@ -104,6 +108,59 @@ class ServerTransport:
     def stats_snapshot(self) -> dict[str, Any]:
         """The service's counters plus the transport's outbound accounting."""
         return self.admission.stats_snapshot()
+
+
+class Corked(Protocol):
+    """A connection whose frames wait in its own list until :meth:`flush` writes them."""
+
+    def flush(self) -> None:
+        """Write every frame waiting, in one write."""
+
+
+class WriteCoalescer:
+    """One write per connection per event-loop iteration.
+
+    A connection sent frames during an iteration (a batch's messages for its rooms,
+    its own ack, presence, errors) keeps them in a list of its own and is
+    :meth:`mark`-ed once; at the end of the iteration :meth:`flush` has every marked
+    connection write its list in one ``transport.write`` (one syscall where the
+    kernel takes it all), instead of one per frame. The list lives only until then:
+    what it holds is written into the connection's transport buffer, whose size
+    decides the 1013 close, within the same iteration.
+
+    :meth:`framed` gives a frame's websocket framing (server side: unmasked, no
+    extension), built once per iteration for all the connections a broadcast goes to.
+    """
+
+    def __init__(self, binary: bool) -> None:
+        self._opcode = Opcode.BINARY if binary else Opcode.TEXT
+        self._dirty: list[Corked] = []
+        self._wire: dict[bytes, bytes] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def mark(self, peer: Corked) -> None:
+        """``peer`` has frames waiting: have it flush at the end of this iteration."""
+        if not self._dirty:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self.flush)
+        self._dirty.append(peer)
+
+    def flush(self) -> None:
+        """Have every marked connection write what waits (also before closing them all)."""
+        dirty, self._dirty = self._dirty, []
+        try:
+            for peer in dirty:
+                peer.flush()
+        finally:
+            self._wire.clear()
+
+    def framed(self, frame: bytes) -> bytes:
+        """``frame`` as one unmasked websocket data frame, built once per iteration."""
+        wire = self._wire.get(frame)
+        if wire is None:
+            wire = self._wire[frame] = Frame(self._opcode, frame).serialize(mask=False)
+        return wire
 
 
 class OutboundStats:

@@ -7,6 +7,10 @@ transport does it:
 - The handshake is :class:`~chat_server.transport.base.Admission`'s, run in
   picows' listener factory: ``/healthz``, ``/stats``, 404, 503, 401 before 400,
   the chosen subprotocol and ``X-Chatlab-Worker`` on every response.
+- Writes: the frames one connection gets during a loop iteration are written
+  together, in one write, at its end (the transport's
+  :class:`~chat_server.transport.base.WriteCoalescer`, as on websockets); a
+  broadcast's framing is built once for all its recipients.
 - Outbound accounting: the connection's asyncio write buffer (picows writes
   straight to the socket while that buffer is empty and leaves the rest there).
   Its high-water mark is set below ``MAX_OUTBOUND_BYTES``, so the buffer is only
@@ -93,6 +97,11 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         self.tcp: asyncio.Transport | None = None
         self._ws: WSTransport | None = None
         self._kind = BINARY if owner.codec.binary else TEXT
+        self._coalescer = owner.coalescer
+        self._out: list[bytes] | None = None
+        self._out_bytes = 0
+        #: what may still be queued this iteration before the bound is passed
+        self._room = owner.max_outbound_bytes
         self._stats = owner.stats
         self._on_frame = owner.service.on_frame
         self._drained: list[asyncio.Future[None]] = []
@@ -159,16 +168,44 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
     # ---- the service's side -------------------------------------------------------------
 
     def send(self, frame: bytes) -> None:
-        """Write one frame now; close 1013 when the connection's buffer passes the bound."""
-        if self.closing:
+        """Queue one frame for this iteration's write (see :meth:`flush`).
+
+        Frames queued count toward ``MAX_OUTBOUND_BYTES`` with what the transport
+        already buffers: once they would pass it, they are written at once, so the
+        1013 close comes after the same frame as without coalescing.
+        """
+        out = self._out
+        if out is not None:
+            out.append(frame)
+            self._out_bytes += len(frame)
+        elif not self.closing and self.tcp is not None:
+            self._out = [frame]
+            self._out_bytes = len(frame)
+            self._room = self.owner.max_outbound_bytes - self.tcp.get_write_buffer_size()
+            self._coalescer.mark(self)
+        else:
             return
-        self._write(self._kind, frame)
-        self._stats.frames_out += 1
+        if self._out_bytes > self._room:
+            self.flush()
+            self._check_outbound()
+
+    def flush(self) -> None:
+        """Write the frames queued in one write; close 1013 when the buffer passes the bound."""
+        frames, self._out = self._out, None
+        if not frames or self.closing or self.tcp is None:
+            return
+        framed = self._coalescer.framed
+        # straight to the TCP transport: picows writes there too once it holds data,
+        # so frames stay in order
+        self.tcp.write(b"".join([framed(frame) for frame in frames]))
+        self._stats.frames_out += len(frames)
         if self.paused:
             self._check_outbound()
 
     async def send_paced(self, frame: bytes) -> None:
         """Write one frame and wait until the client has read enough (replay pacing)."""
+        if self._out:
+            self.flush()  # what was sent before goes first
         if self.closing:
             raise ConnectionError("connection is closing")
         self._write(self._kind, frame)
@@ -179,9 +216,16 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
             await drained
 
     def close(self, code: int, reason: str) -> None:
-        """Start the closing handshake now; drop the connection if it is not done in time."""
+        """Start the closing handshake now; drop the connection if it is not done in time.
+
+        Frames queued before the close go out before it.
+        """
         if self.closing or self._ws is None:
             return
+        if self._out:
+            self.flush()
+            if self.closing:  # the flush closed it (1013)
+                return
         self.closing = True
         self._ws.send_close(WSCloseCode(code), reason.encode())
         self._drop_later()
@@ -343,9 +387,11 @@ class PicowsTransport(ServerTransport):
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
         """Close every connection with ``code`` and wait until they are gone.
 
-        Each connection is dropped if its closing handshake is not done within
-        ``CLOSE_TIMEOUT_S``, so this returns within about that long.
+        Frames queued in this iteration are written first. Each connection is
+        dropped if its closing handshake is not done within ``CLOSE_TIMEOUT_S``, so
+        this returns within about that long.
         """
+        self.coalescer.flush()
         self.stop_accepting()
         if not self.peers:
             return

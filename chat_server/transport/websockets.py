@@ -38,6 +38,7 @@ from chat_server.transport.base import (
     OutboundStats,
     Reply,
     ServerTransport,
+    WriteCoalescer,
 )
 
 # websockets logs every connection's open and close at INFO: one line per connection
@@ -46,17 +47,39 @@ ws_log = logging.getLogger("chat_server.transport.websockets")
 
 
 class WebsocketsPeer:
-    """One connection's write side: non-blocking frames with outbound accounting."""
+    """One connection's write side: frames coalesced per loop iteration, outbound accounting.
 
-    __slots__ = ("_conn", "_max", "_protocol", "_stats", "_timeout", "_transport", "_write")
+    :meth:`send` only appends to the connection's list; the transport's
+    :class:`~chat_server.transport.base.WriteCoalescer` has :meth:`flush` write the
+    list in one write at the end of the iteration. Without permessage-deflate the
+    frames' framing is built once per broadcast for every recipient; with it, each
+    frame goes through the connection's own compressor, still in one flush.
+    """
+
+    __slots__ = (
+        "_coalescer",
+        "_conn",
+        "_max",
+        "_out",
+        "_out_bytes",
+        "_plain",
+        "_protocol",
+        "_room",
+        "_stats",
+        "_timeout",
+        "_transport",
+        "_write",
+    )
 
     def __init__(
         self,
         conn: ServerConnection,
+        *,
         binary: bool,
         max_outbound_bytes: int,
         close_timeout_s: float,
         stats: OutboundStats,
+        coalescer: WriteCoalescer,
     ) -> None:
         self._conn = conn
         self._protocol = conn.protocol
@@ -65,28 +88,65 @@ class WebsocketsPeer:
         self._max = max_outbound_bytes
         self._timeout = close_timeout_s
         self._stats = stats
+        self._coalescer = coalescer
+        #: no extension negotiated: the coalescer's shared framing fits this connection
+        self._plain = not conn.protocol.extensions
+        self._out: list[bytes] | None = None
+        self._out_bytes = 0
+        #: what may still be queued this iteration before the bound is passed
+        self._room = max_outbound_bytes
 
-    def send(self, frame: bytes) -> None:
-        """Write one frame now; close 1013 when the connection's buffer passes the bound."""
+    def _writable(self) -> bool:
         # a peer that reset is still OPEN to the protocol until its reader sees EOF, but
         # its transport is closing: writing there makes asyncio log a warning per frame
-        if self._protocol.state is not OPEN or self._transport.is_closing():
+        return self._protocol.state is OPEN and not self._transport.is_closing()
+
+    def send(self, frame: bytes) -> None:
+        """Queue one frame for this iteration's write (see :meth:`flush`).
+
+        Frames queued count toward ``MAX_OUTBOUND_BYTES`` with what the transport
+        already buffers: once they would pass it, they are written at once, so the
+        1013 close comes after the same frame as without coalescing.
+        """
+        out = self._out
+        if out is not None:
+            out.append(frame)
+            self._out_bytes += len(frame)
+        elif self._writable():
+            self._out = [frame]
+            self._out_bytes = len(frame)
+            self._room = self._max - self._transport.get_write_buffer_size()
+            self._coalescer.mark(self)
+        else:
             return
-        self._write(frame)
-        self._conn.send_data()
-        self._stats.frames_out += 1
+        if self._out_bytes > self._room:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the frames queued in one write; close 1013 when the buffer passes the bound."""
+        frames, self._out = self._out, None
+        if not frames or not self._writable():
+            return
+        if self._plain:
+            framed = self._coalescer.framed
+            self._transport.write(b"".join([framed(frame) for frame in frames]))
+        else:
+            write = self._write
+            for frame in frames:
+                write(frame)
+            self._transport.write(b"".join(self._protocol.data_to_send()))
+        stats = self._stats
+        stats.frames_out += len(frames)
         buffered = self._transport.get_write_buffer_size()
-        if buffered > self._stats.peak_outbound_bytes:
-            self._stats.peak_outbound_bytes = buffered
-            if buffered > self._max:
-                self._stats.slow_consumer_closes += 1
-                self.close(CLOSE_TRY_AGAIN_LATER, "slow consumer")
-        elif buffered > self._max:
-            self._stats.slow_consumer_closes += 1
+        stats.peak_outbound_bytes = max(stats.peak_outbound_bytes, buffered)
+        if buffered > self._max:
+            stats.slow_consumer_closes += 1
             self.close(CLOSE_TRY_AGAIN_LATER, "slow consumer")
 
     async def send_paced(self, frame: bytes) -> None:
         """Write one frame and wait until the client has read enough (replay pacing)."""
+        if self._out:
+            self.flush()  # what was sent before goes first
         if self._protocol.state is not OPEN:
             raise ConnectionError("connection is closing")
         self._stats.frames_out += 1
@@ -96,9 +156,16 @@ class WebsocketsPeer:
             raise ConnectionError(str(exc)) from None
 
     def close(self, code: int, reason: str) -> None:
-        """Start the closing handshake now; drop the connection if it is not done in time."""
+        """Start the closing handshake now; drop the connection if it is not done in time.
+
+        Frames queued before the close go out before it.
+        """
         if self._protocol.state is not OPEN:
             return
+        if self._out:
+            self.flush()
+            if self._protocol.state is not OPEN:  # the flush closed it (1013)
+                return
         self._protocol.send_close(code, reason)
         self._conn.send_data()
         asyncio.get_running_loop().call_later(self._timeout, self._drop_if_open)
@@ -145,7 +212,11 @@ class WebsocketsTransport(ServerTransport):
             self._server.server.close()
 
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
-        """Close every connection with ``code`` and wait until their handlers returned."""
+        """Close every connection with ``code`` and wait until their handlers returned.
+
+        Frames queued in this iteration are written first.
+        """
+        self.coalescer.flush()
         if self._server is not None:
             self._server.close(close_connections=True, code=code, reason=reason)
             await self._server.wait_closed()
@@ -184,7 +255,12 @@ class WebsocketsTransport(ServerTransport):
     async def _handler(self, connection: ServerConnection) -> None:
         s = self.settings
         peer = WebsocketsPeer(
-            connection, self.codec.binary, s.max_outbound_bytes, s.close_timeout_s, self.stats
+            connection,
+            binary=self.codec.binary,
+            max_outbound_bytes=s.max_outbound_bytes,
+            close_timeout_s=s.close_timeout_s,
+            stats=self.stats,
+            coalescer=self.coalescer,
         )
         service = self.service
         session = service.open(connection.chat_user, peer.send, peer.send_paced, peer.close)  # type: ignore[attr-defined]
