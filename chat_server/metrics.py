@@ -92,7 +92,12 @@ DELIVERY_LATENCY_MS = (
     " in ms",
 )
 GC_PAUSE = ("chat_gc_pause_seconds", "cyclic garbage collection pauses, by generation")
+GC_PAUSE_MAX = (
+    "chat_gc_pause_max_seconds",
+    "the longest cyclic garbage collection pause since start, by generation",
+)
 LOOP_LAG = ("chat_loop_lag_seconds", "how late a 10 ms ticker on the event loop ran")
+LOOP_LAG_MAX = ("chat_loop_lag_max_seconds", "the latest the 10 ms ticker ran since start")
 COMMIT_SECONDS = ("chat_commit_seconds", "history store group commits: transaction time")
 STORE_QUEUE_DEPTH = (
     "chat_store_queue_depth",
@@ -200,6 +205,11 @@ class ChatCollector:
                 [str(generation)], _buckets(histogram.bounds, histogram.counts), histogram.sum
             )
         yield gc_pauses
+        longest = GaugeMetricFamily(*GC_PAUSE_MAX, labels=["generation"])
+        for generation, histogram in counters.gc.pauses.items():
+            longest.add_metric([str(generation)], histogram.max)
+        yield longest
+        yield GaugeMetricFamily(*LOOP_LAG_MAX, value=counters.loop_lag.lag.max)
         yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
 
 
@@ -319,6 +329,10 @@ class MetricsPublisher:
             *GC_PAUSE, ["generation"], registry=None, buckets=PAUSE_BUCKETS_S
         )
         self._queue_depth = Gauge(*STORE_QUEUE_DEPTH, registry=None, multiprocess_mode="livesum")
+        self._gc_pause_max = Gauge(
+            *GC_PAUSE_MAX, ["generation"], registry=None, multiprocess_mode="max"
+        )
+        self._loop_lag_max = Gauge(*LOOP_LAG_MAX, registry=None, multiprocess_mode="max")
         # the workers' process figures: CPU and memory summed (the supervisor's own are
         # not in them: it only waits), the earliest start, the highest fd limit
         self._cpu = Counter(*PROCESS_CPU, registry=None)
@@ -393,6 +407,8 @@ class MetricsPublisher:
             self._grow_histogram(
                 self._gc_pause.labels(str(generation)), f"gc {generation}", plain.counts, plain.sum
             )
+            self._gc_pause_max.labels(str(generation)).set(plain.max)
+        self._loop_lag_max.set(counters.loop_lag.lag.max)
         self._publish_process()
 
     def _publish_process(self) -> None:

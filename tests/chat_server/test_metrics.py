@@ -95,6 +95,7 @@ async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, ke
     await asyncio.sleep(0.3)  # some ticks of the 10 ms lag ticker
     samples = _scrape(metrics_port)
     assert samples["chat_gc_pause_seconds_count{generation=0}"] >= 1
+    assert samples["chat_gc_pause_max_seconds{generation=0}"] > 0
     assert samples["chat_loop_lag_seconds_count"] >= 10
     tail = server.stats()["tail"]
     assert tail["gc"]["pauses"]["0"]["count"] >= 1
