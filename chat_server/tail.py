@@ -142,8 +142,11 @@ class GcWatch:
             )
 
     def summary(self) -> dict[str, Any]:
-        """Per generation count/sum/max, and the notable pauses, for ``/stats``."""
+        """The collector's thresholds and frozen objects, per generation count/sum/max of
+        the pauses, and the notable ones, for ``/stats``."""
         return {
+            "thresholds": list(gc.get_threshold()),
+            "frozen_objects": gc.get_freeze_count(),
             "pauses": {str(g): h.summary() for g, h in self.pauses.items()},
             "notable": [
                 {"at": round(at, 3), "generation": g, "pause_s": round(p, 6), "collected": c}
@@ -196,7 +199,8 @@ class QuietCollector:
 
     Called on every loop-lag tick: once ``activity()`` (a count that grows with the
     load, such as frames received) has not moved for :data:`QUIET_FOR_S`, a full
-    collection runs if the last one is older than ``min_interval_s``; under
+    collection runs if the last one is older than ``min_interval_s`` (once per idle
+    spell: the next waits for the activity to move and stop again); under
     continuous load one runs anyway once ``max_interval_s`` passed, so cyclic
     garbage stays bounded. Each is timed by :class:`GcWatch` like any other.
     """
@@ -211,18 +215,22 @@ class QuietCollector:
         self._last = time.monotonic()
         self._seen = -1
         self._still_since = self._last
+        #: this idle spell had its collection: the next waits for new activity
+        self._spell_done = False
 
     def on_tick(self, lag_s: float) -> None:
-        """One loop-lag tick: collect if idle long enough, or if overdue."""
+        """One loop-lag tick: collect once per idle spell, or when overdue."""
         now = time.monotonic()
         seen = self.activity()
         if seen != self._seen:
             self._seen = seen
             self._still_since = now
+            self._spell_done = False
         since_last = now - self._last
-        idle = now - self._still_since >= QUIET_FOR_S
+        idle = not self._spell_done and now - self._still_since >= QUIET_FOR_S
         if (idle and since_last >= self.min_interval_s) or since_last >= self.max_interval_s:
             self._last = now
+            self._spell_done = idle
             self.collections += 1
             gc.collect()
 

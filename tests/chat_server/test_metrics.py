@@ -298,3 +298,15 @@ def test_workers_metrics_port_in_use_stops_the_supervisor_at_start(
         with pytest.raises(RuntimeError, match=r"exited 1") as failed:
             start_workers(start_server, redis_server, metrics_port=taken.getsockname()[1])
     assert "METRICS_PORT" in str(failed.value)
+
+
+@pytest.mark.parametrize("policy", ["tuned", "default"])
+async def test_gc_policy_is_applied_once_the_server_is_up(start_server, policy: str):
+    server = start_server(gc_policy=policy)
+    gc_stats = server.stats()["tail"]["gc"]
+    if policy == "tuned":
+        assert gc_stats["thresholds"] == [50_000, 20, 1_000_000]
+        assert gc_stats["frozen_objects"] > 10_000  # modules, settings, codecs
+    else:
+        assert gc_stats["thresholds"] == [700, 10, 10]
+        assert gc_stats["frozen_objects"] == 0

@@ -1,0 +1,250 @@
+"""``python -m bench.tail``: the tail at a steady load, with the server's own view of it.
+
+Each run starts a fresh chat server pinned to one core (tokens minted with a throwaway
+key pair, ``RATE_LIMIT_PER_S`` raised as in the lab), has the lab's fast driver, pinned
+to another core, open ``--connections`` in rooms of 10 and offer ``--rate`` sends/s for
+``--duration-s``, and scrapes the server's ``/metrics`` every 0.5 s meanwhile. The
+scrapes bracketing the steady window tell what happened *inside* it apart from the
+connection ramp before and the idle time after: GC pauses per generation (how many,
+how many over 10 ms), the event loop's lateness, commits, ``unavailable`` errors. It
+prints one line per run (fan-out p99 and max from the driver, the server's figures
+for the window) and ``--json`` writes them. Runs ``--repeat`` times, alternating the
+``--env`` variants if several are given (``--env GC_POLICY=default --env
+GC_POLICY=tuned``: each value of a name is one variant).
+
+A load measurement owns the machine: nothing else heavy may run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.harness import KeyPair, ServerProcess, free_port
+
+#: a pause or lateness above this (s) is a tail event
+TAIL_BOUND_S = 0.01
+SCRAPE_EVERY_S = 0.5
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of the server's /metrics, buckets included, as ``name{labels}: value``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+def above(samples: dict[str, float], family: str, bound_s: float, labels: str = "") -> float:
+    """How many observations of ``family`` (with ``labels``) exceeded ``bound_s``."""
+    prefix = f"{labels}," if labels else ""
+    total = samples.get(f"{family}_count{{{labels}}}", 0.0)
+    return total - samples.get(f"{family}_bucket{{{prefix}le={bound_s}}}", 0.0)
+
+
+def window_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the server counted between two scrapes."""
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    def delta_above(family: str, labels: str = "") -> float:
+        return above(after, family, TAIL_BOUND_S, labels) - above(
+            before, family, TAIL_BOUND_S, labels
+        )
+
+    figures: dict[str, float] = {}
+    for generation in "012":
+        labels = f"generation={generation}"
+        figures[f"gc{generation}_pauses"] = delta(f"chat_gc_pause_seconds_count{{{labels}}}")
+        figures[f"gc{generation}_over_10ms"] = delta_above("chat_gc_pause_seconds", labels)
+    figures["loop_ticks"] = delta("chat_loop_lag_seconds_count{}")
+    figures["loop_late_over_10ms"] = delta_above("chat_loop_lag_seconds")
+    figures["commits"] = delta("chat_commit_seconds_count{}")
+    figures["commits_over_10ms"] = delta_above("chat_commit_seconds")
+    commit_s = delta("chat_commit_seconds_sum{}")
+    figures["commit_mean_ms"] = 1e3 * commit_s / figures["commits"] if figures["commits"] else 0.0
+    figures["unavailable"] = delta("chat_errors_total{code=unavailable}")
+    return figures
+
+
+def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """One server, one steady step; the driver's figures and the server's for the window."""
+    keys = KeyPair(workdir)
+    tokens = workdir / "tokens.json"
+    users = max(1, args.connections // 10)
+    tokens.write_text(json.dumps({f"tail{i}": keys.mint(f"tail{i}", 3600) for i in range(users)}))
+    metrics_port = free_port()
+    server = ServerProcess(
+        workdir,
+        keys,
+        cpu_affinity=args.server_core,
+        metrics_port=metrics_port,
+        rate_limit_per_s=100000,
+        rate_limit_burst=100000,
+        max_connections=args.connections + 100,
+        log_level="warning",
+        **env,
+    ).start(timeout_s=30)
+    scrapes: list[tuple[float, dict[str, float]]] = []
+    stop = threading.Event()
+
+    def scrape_loop() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):  # not up yet, or gone: the next one counts
+                scrapes.append((time.monotonic(), scrape(metrics_port)))
+            stop.wait(SCRAPE_EVERY_S)
+
+    scraper = threading.Thread(target=scrape_loop, daemon=True)
+    out = workdir / "driver.json"
+    t0 = time.monotonic()
+    try:
+        scraper.start()
+        command = [
+            sys.executable,
+            "-m",
+            "bench.lab.driver",
+            "--target",
+            "chat",
+            "--url",
+            server.url,
+            "--token-file",
+            str(tokens),
+            "--connections",
+            str(args.connections),
+            "--rates",
+            f"{args.rate:g}",
+            "--step-s",
+            f"{args.duration_s:g}",
+            "--warmup-s",
+            "2",
+            "--drain-s",
+            "1",
+            "--cpu-affinity",
+            args.driver_core,
+            "--json-out",
+            str(out),
+            "--t0-monotonic",
+            repr(t0),
+        ]
+        with (workdir / "driver.log").open("w") as log:
+            status = subprocess.run(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=args.duration_s + 180,
+                check=False,
+            ).returncode
+        if status != 0 or not out.exists():
+            raise RuntimeError(f"fast driver exited {status}: see {workdir / 'driver.log'}")
+    finally:
+        stop.set()
+        scraper.join()
+        server.stop()
+    step = json.loads(out.read_text())[-1]
+    start = t0 + step["started_s"]
+    end = start + step["duration_s"]
+    # the last scrape before the window and the first after it: a superset of the window
+    before = max((s for s in scrapes if s[0] <= start), key=lambda s: s[0], default=None)
+    after = min((s for s in scrapes if s[0] >= end), key=lambda s: s[0], default=None)
+    if before is None or after is None:
+        raise RuntimeError("no scrape brackets the steady window")
+    return {
+        "env": env,
+        "sent_per_s": step["sent_per_s"],
+        "delivered_per_s": step["delivered_per_s"],
+        "p99_ms": step["latency_ms"]["p99"],
+        "max_ms": step["latency_ms"]["max"],
+        "errors": step["errors"],
+        "generator_limited": step["generator_limited"],
+        "window_s": round(after[0] - before[0], 2),
+        **window_figures(before[1], after[1]),
+    }
+
+
+def parse_variants(pairs: list[str]) -> list[dict[str, str]]:
+    """``NAME=VALUE`` items: each value of a name is one variant (others shared)."""
+    shared: dict[str, str] = {}
+    varied: dict[str, list[str]] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"bad --env {pair!r}: NAME=VALUE")
+        varied.setdefault(name.lower(), []).append(value)
+    variants: list[dict[str, str]] = [{}]
+    for name, values in varied.items():
+        if len(values) == 1:
+            shared[name] = values[0]
+            continue
+        variants = [{**v, name: value} for v in variants for value in values]
+    return [{**shared, **v} for v in variants]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the steady steps and print one line per run."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.tail", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--rate", type=float, default=14000, help="sends/s [14000]")
+    parser.add_argument("--connections", type=int, default=2000, help="in rooms of 10 [2000]")
+    parser.add_argument("--duration-s", type=float, default=60, help="steady window [60]")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each variant [3]")
+    parser.add_argument(
+        "--env", action="append", default=[], help="server setting NAME=VALUE (repeatable)"
+    )
+    parser.add_argument("--server-core", default="0", help="the server's core [0]")
+    parser.add_argument("--driver-core", default="1", help="the driver's core [1]")
+    parser.add_argument("--json", type=Path, help="also write the runs here")
+    args = parser.parse_args(argv)
+    try:
+        variants = parse_variants(args.env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    runs = []
+    header = (
+        f"{'settings':<28}{'p99 ms':>8}{'max ms':>8}{'gc0/1/2':>10}{'>10ms':>7}"
+        f"{'late>10ms':>10}{'commits':>9}{'>10ms':>7}{'unavail':>8}"
+    )
+    print(
+        f"steady {args.duration_s:g} s at {args.rate:g} sends/s, {args.connections} connections",
+        file=sys.stderr,
+    )
+    print(header)
+    for k in range(args.repeat):
+        for env in variants:
+            with tempfile.TemporaryDirectory(prefix="chatlab-tail-") as tmp:
+                run = one_run(args, env, Path(tmp))
+            run["repeat"] = k + 1
+            runs.append(run)
+            name = " ".join(f"{n.upper()}={v}" for n, v in env.items()) or "defaults"
+            pauses = "/".join(f"{run[f'gc{g}_pauses']:.0f}" for g in "012")
+            over = sum(run[f"gc{g}_over_10ms"] for g in "012")
+            print(
+                f"{name:<28}{run['p99_ms']:>8.1f}{run['max_ms']:>8.1f}{pauses:>10}{over:>7.0f}"
+                f"{run['loop_late_over_10ms']:>10.0f}{run['commits']:>9.0f}"
+                f"{run['commits_over_10ms']:>7.0f}{run['unavailable']:>8.0f}"
+                + ("  generator-limited" if run["generator_limited"] else ""),
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
