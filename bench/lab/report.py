@@ -159,6 +159,12 @@ def _row(config: str, pairs: list[tuple[Run, Step]]) -> Row:
             "sent_per_s": step.sent_per_s,
             "delivered_per_s": step.delivered_per_s,
             "cpu_mean": statistics.fmean(cpu) if cpu else None,
+            # server CPU per delivered frame: what one frame to one member costs the server
+            "cpu_us_per_frame": (
+                statistics.fmean(cpu) * 1e4 / step.delivered_per_s
+                if cpu and step.delivered_per_s
+                else None
+            ),
             "cpu_p10": _percentile(cpu, 10),
             "cpu_p90": _percentile(cpu, 90),
             "rss_peak_mib": max(s.rss_bytes for s in server) / _MIB if server else None,
@@ -469,7 +475,9 @@ def _driver_tables(analysis: Analysis) -> list[Block]:
             "compared with each other. Cells are medians over repeats with (min-max). "
             "Latencies are fan-out latencies in ms measured by the named driver; sent/s and "
             "delivered/s by the same driver; CPU (% of one core, mean and p10-p90 of the "
-            "0.5 s samples) and peak RSS by the lab's psutil sampler of the server process."
+            "0.5 s samples) and peak RSS by the lab's psutil sampler of the server process; "
+            "CPU µs per delivered frame is the mean CPU over the delivered frames/s (for the "
+            "relay, its own cost per frame)."
         )
     )
     whole_run_note = False
@@ -498,6 +506,7 @@ def _driver_tables(analysis: Analysis) -> list[Block]:
                     _spread_cell(f.get("sent_per_s")),
                     _spread_cell(f.get("delivered_per_s")),
                     cpu,
+                    _spread_cell(f.get("cpu_us_per_frame")),
                     _spread_cell(f.get("rss_peak_mib")),
                     errors,
                     _verdict(row.headline_held, len(row.pairs)),
@@ -513,6 +522,7 @@ def _driver_tables(analysis: Analysis) -> list[Block]:
                     "sent/s",
                     "delivered/s",
                     "server CPU % mean (p10-p90)",
+                    "server CPU µs per delivered frame",
                     "peak RSS MiB",
                     "errors (all repeats)",
                     "headline p99 < 100 ms",
