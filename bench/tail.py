@@ -83,6 +83,30 @@ def window_figures(before: dict[str, float], after: dict[str, float]) -> dict[st
     return figures
 
 
+def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
+    """The loop's late ticks in ``[start, end]`` (unix time), each with what it coincided
+    with: a checkpoint running, a slow commit, a GC pause, or nothing the server saw."""
+    checkpoints = [(e["at"], e["at"] + e["took_s"]) for e in tail.get("slow_checkpoints", [])]
+    commits = [(e["at"] - e["took_s"], e["at"]) for e in tail.get("slow_commits", [])]
+    pauses = [(e["at"] - e["pause_s"], e["at"]) for e in tail["gc"]["notable"]]
+    causes: dict[str, int] = {}
+    late = []
+    for event in tail["loop_lag"]["notable"]:
+        at, lag = event["at"], event["lag_s"]
+        if not start <= at <= end:
+            continue
+        late.append(round(lag * 1e3, 1))
+        # the tick was due at (at - lag): what ran between then and now?
+        due = at - lag - 0.01
+        cause = "nothing seen"
+        for name, spans in (("gc", pauses), ("commit", commits), ("checkpoint", checkpoints)):
+            if any(begin <= at and finish >= due for begin, finish in spans):
+                cause = name
+                break
+        causes[cause] = causes.get(cause, 0) + 1
+    return {"late_ticks_ms": late, "late_tick_causes": causes}
+
+
 def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
     """One server, one steady step; the driver's figures and the server's for the window."""
     keys = KeyPair(workdir)
@@ -152,6 +176,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             ).returncode
         if status != 0 or not out.exists():
             raise RuntimeError(f"fast driver exited {status}: see {workdir / 'driver.log'}")
+        stats = server.stats()
     finally:
         stop.set()
         scraper.join()
@@ -159,6 +184,8 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     step = json.loads(out.read_text())[-1]
     start = t0 + step["started_s"]
     end = start + step["duration_s"]
+    # the same window on the wall clock, for the events /stats remembers with their time
+    wall_start = time.time() - (time.monotonic() - start)
     # the last scrape before the window and the first after it: a superset of the window
     before = max((s for s in scrapes if s[0] <= start), key=lambda s: s[0], default=None)
     after = min((s for s in scrapes if s[0] >= end), key=lambda s: s[0], default=None)
@@ -166,6 +193,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         raise RuntimeError("no scrape brackets the steady window")
     return {
         "env": env,
+        **stalls(stats["tail"], wall_start, wall_start + step["duration_s"]),
         "sent_per_s": step["sent_per_s"],
         "delivered_per_s": step["delivered_per_s"],
         "p99_ms": step["latency_ms"]["p99"],
@@ -241,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                 + ("  generator-limited" if run["generator_limited"] else ""),
                 flush=True,
             )
+            if run["late_ticks_ms"]:
+                causes = ", ".join(f"{k} {v}" for k, v in sorted(run["late_tick_causes"].items()))
+                print(f"    late ticks (ms): {run['late_ticks_ms']}; coincided with: {causes}")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
     return 0

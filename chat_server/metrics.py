@@ -154,7 +154,13 @@ class Counters:
         """GC pauses, loop lag, commit times and delivery latency in brief, for ``/stats``."""
         return {
             "gc": self.gc.summary(),
-            "loop_lag": self.loop_lag.lag.summary(),
+            "loop_lag": {
+                **self.loop_lag.lag.summary(),
+                "notable": [
+                    {"at": round(at, 3), "lag_s": round(lag, 6)}
+                    for at, lag in self.loop_lag.notable
+                ],
+            },
             "commit": self.commit_seconds.summary(),
         }
 

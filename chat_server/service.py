@@ -507,6 +507,10 @@ class ChatService:
         if self._redis is not None:
             await self._redis.aclose()
 
+    def _store_notable(self) -> dict[str, Any]:
+        notable = getattr(self.store, "notable", None)  # the SQLite store's slow events
+        return {} if notable is None else notable()
+
     def stats(self) -> dict[str, Any]:
         """Counters for /stats and tests."""
         stats = {
@@ -514,7 +518,7 @@ class ChatService:
             "rooms": len(self.core.rooms),
             "draining": self.draining,
             "store": dataclasses.asdict(self.store.stats()),
-            "tail": self.counters.tail_summary(),
+            "tail": {**self.counters.tail_summary(), **self._store_notable()},
             "worker": {"pid": os.getpid(), "index": self.worker_index, "id": self.worker_id},
         }
         if self._shared is not None:

@@ -71,6 +71,11 @@ LOOP_TICK_S: Final = 0.01
 TUNED_THRESHOLDS: Final = (50_000, 20, 1_000_000)
 #: GC pauses at least this long are remembered (``/stats``) and logged
 NOTABLE_PAUSE_S: Final = 0.05
+#: loop ticks at least this late, and commits and checkpoints at least this long, are
+#: remembered with their time (``/stats``), to tell what a stall coincided with
+NOTABLE_LAG_S: Final = 0.01
+#: how many notable events of each kind are kept
+NOTABLE_KEPT: Final = 64
 #: a full collection waits for the server to be idle (no frame received) this long
 QUIET_FOR_S: Final = 1.0
 #: ... and for the last one to be at least this old
@@ -115,7 +120,7 @@ class GcWatch:
 
     def __init__(self) -> None:
         self.pauses = {generation: PlainHistogram(PAUSE_BUCKETS_S) for generation in range(3)}
-        self.notable: deque[tuple[float, int, float, int]] = deque(maxlen=64)
+        self.notable: deque[tuple[float, int, float, int]] = deque(maxlen=NOTABLE_KEPT)
         self._started = 0.0
 
     def install(self) -> None:
@@ -166,6 +171,8 @@ class LoopLagTicker:
     def __init__(self, on_tick: Callable[[float], None] | None = None) -> None:
         self.lag = PlainHistogram(PAUSE_BUCKETS_S)
         self.on_tick = on_tick
+        #: ``(unix time, lag s)`` of the last ticks late by :data:`NOTABLE_LAG_S` or more
+        self.notable: deque[tuple[float, float]] = deque(maxlen=NOTABLE_KEPT)
         self._due = 0.0
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -189,6 +196,8 @@ class LoopLagTicker:
     def _tick(self) -> None:
         lag = max(0.0, time.perf_counter() - self._due)
         self.lag.observe(lag)
+        if lag >= NOTABLE_LAG_S:
+            self.notable.append((time.time(), lag))
         self._schedule()
         if self.on_tick is not None:
             self.on_tick(lag)

@@ -272,7 +272,7 @@ class RedisHistoryStore(LedgerStore):
         ``commit_seconds`` receives each batch's commit time (its pipeline's round trip).
         """
         self.commit_seconds = (
-            PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else (commit_seconds)
+            PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else commit_seconds
         )
         if queue_max < 1 or batch_max < 1 or history_max < 0:
             raise ValueError("queue_max and batch_max must be at least 1, history_max 0 or more")

@@ -65,7 +65,7 @@ from typing import Any, Final, Protocol, TypeVar
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
-from chat_server.tail import COMMIT_BUCKETS_S, PlainHistogram
+from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
 
 __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats", "WriterThreadHook"]
 
@@ -229,7 +229,15 @@ class SqliteHistoryStore(LedgerStore):
         self._checkpoint_pages = checkpoint_pages
         self._wal_max_bytes = wal_max_bytes
         self.commit_seconds = (
-            PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else (commit_seconds)
+            PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else commit_seconds
+        )
+        #: ``(unix time, seconds, messages)`` of the last commits of NOTABLE_LAG_S or more
+        self.slow_commits: collections.deque[tuple[float, float, int]] = collections.deque(
+            maxlen=NOTABLE_KEPT
+        )
+        #: ``(unix time, seconds, frames copied)`` of the last checkpoints that long
+        self.slow_checkpoints: collections.deque[tuple[float, float, int]] = collections.deque(
+            maxlen=NOTABLE_KEPT
         )
 
         # Shared between the loop and the writer, guarded by _cond.
@@ -416,6 +424,19 @@ class SqliteHistoryStore(LedgerStore):
         """A snapshot of the batches so far; the queue counts what waits for its commit."""
         return self._ledger.stats(queue_depth=len(self._queue) + len(self._pending))
 
+    def notable(self) -> dict[str, list[dict[str, float]]]:
+        """The last slow commits and checkpoints (10 ms or more) with their times, for /stats."""
+        return {
+            kind: [
+                {"at": round(at, 3), "took_s": round(took, 6), "size": size}
+                for at, took, size in events
+            ]
+            for kind, events in (
+                ("slow_commits", list(self.slow_commits)),
+                ("slow_checkpoints", list(self.slow_checkpoints)),
+            )
+        }
+
     def last_seq(self, room: str) -> int:
         """The last ``seq`` of ``room`` reported to ``on_batch`` (0 when it has none)."""
         return self._last_seq.get(room, 0)
@@ -585,7 +606,10 @@ class SqliteHistoryStore(LedgerStore):
                 except sqlite3.Error as rollback_exc:
                     logger.error("history store: rollback failed: %s", rollback_exc)
             return [], {}, error
-        self.commit_seconds.observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        self.commit_seconds.observe(took)
+        if took >= NOTABLE_LAG_S:
+            self.slow_commits.append((time.time(), took, len(batch)))
         cache.update(room_seqs)
         return seqs, room_seqs, None
 
@@ -629,11 +653,15 @@ class SqliteHistoryStore(LedgerStore):
 
     def _checkpoint(self, conn: sqlite3.Connection, page_size: int) -> None:
         """One PASSIVE checkpoint; sets or clears the blocked flag from what it left."""
+        started = time.perf_counter()
         try:
             _busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
             logger.warning("history store: checkpoint failed: %s", exc)
             return
+        took = time.perf_counter() - started
+        if took >= NOTABLE_LAG_S:
+            self.slow_checkpoints.append((time.time() - took, took, copied))
         self.checkpoints += 1
         left_bytes = max(0, wal_frames - copied) * page_size
         blocked = left_bytes > self._wal_max_bytes
