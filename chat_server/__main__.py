@@ -18,6 +18,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from chat_server.log_redaction import redact_tokens_in_logs
 from chat_server.settings import SettingError, Settings, redact_url, settings_help
 from chat_server.supervisor import WorkerSeat
 
@@ -232,6 +233,7 @@ def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:
         format=f"%(asctime)s %(levelname)s {who}: %(message)s",
         stream=sys.stderr,
     )
+    redact_tokens_in_logs()
     if settings.log_level != "debug":
         # one line per connection from the websocket library is noise under load
         for library in ("websockets", "picows"):

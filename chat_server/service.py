@@ -38,7 +38,7 @@ from chat_server.broker.base import Broker
 from chat_server.broker.memory import MemoryBroker
 from chat_server.codecs.base import Codec
 from chat_server.core.chat import ChatCore, CloseConnection, SendFrame, Session
-from chat_server.core.validation import check_room
+from chat_server.core.validation import check_room, check_since
 from chat_server.errors import (
     BrokerUnavailable,
     ChatError,
@@ -219,9 +219,18 @@ class ChatService:
             return
         self.counters.frames_in += 1
         if not core.take_token(session, time.monotonic()):
-            core.rate_limited(session, time.monotonic())
+            core.rate_limited(session, time.monotonic(), self._ref_of(frame))
             return
         self._dispatch(session, frame)
+
+    def _ref_of(self, frame: Frame) -> str | None:
+        """The ``ref`` of a refused frame that is a ``send`` (None otherwise): the client
+        learns which send to retry. Decoding here costs only frames already refused."""
+        try:
+            message = self.decode(frame)
+        except ProtocolError as exc:
+            return exc.ref
+        return message.ref if isinstance(message, Send) else None
 
     def _dispatch(self, session: Session, frame: Frame) -> None:
         """Decode one frame that drew its token and run its handler; errors become frames."""
@@ -244,7 +253,7 @@ class ChatService:
         if session.closed:
             return
         if not core.take_token(session, time.monotonic()):
-            core.rate_limited(session, time.monotonic())
+            core.rate_limited(session, time.monotonic(), self._ref_of(frame))
             return
         if len(held) >= HELD_FRAMES_MAX:
             core.fail(session, ProtocolError(ErrorCode.UNAVAILABLE, "too many frames in a join"))
@@ -349,6 +358,7 @@ class ChatService:
     def _join_shared(self, session: Session, message: Join) -> None:
         """Join now if the broker holds the room; else subscribe first, holding later frames."""
         assert self._shared is not None
+        check_since(message.since)
         check_room(message.room)
         if self._shared.is_ready(message.room):
             self._join(session, message)

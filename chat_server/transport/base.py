@@ -124,6 +124,8 @@ class Reply:
     status: HTTPStatus
     body: str
     content_type: str = "text/plain; charset=utf-8"
+    #: further headers (``Allow`` on a 405, ``WWW-Authenticate`` on a 401)
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,7 @@ class Admitted:
 class Admission:
     """Decides each HTTP request on the websocket port, the same way for every transport.
 
+    Every resource here is GET only: another method is 405 with ``Allow: GET``.
     ``/healthz`` answers 200 and ``/stats`` the counters as JSON; any other path
     but ``/ws`` is 404. An upgrade on ``/ws`` is refused with 503 while draining
     or past ``MAX_CONNECTIONS``, then with 401 for a missing or bad token (from
@@ -159,13 +162,19 @@ class Admission:
         self.outbound = outbound
 
     def decide(
-        self, target: str, authorization: str | None, offered: Iterable[str]
+        self, target: str, authorization: str | None, offered: Iterable[str], method: str = "GET"
     ) -> Reply | Admitted:
         """Answer a request for ``target`` (path and query) with these headers' values.
 
         ``offered`` holds the values of every ``Sec-WebSocket-Protocol`` header,
-        each possibly a comma-separated list.
+        each possibly a comma-separated list; ``method`` is the request's.
         """
+        if method != "GET":
+            return Reply(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                "method not allowed: only GET is served here\n",
+                headers=(("Allow", "GET"),),
+            )
         url = urlsplit(target)
         if url.path == "/healthz":
             return Reply(HTTPStatus.OK, "ok\n")
@@ -181,12 +190,14 @@ class Admission:
         token = _bearer_token(authorization) or _query_token(url.query)
         if token is None:
             return Reply(
-                HTTPStatus.UNAUTHORIZED, "missing token: send Authorization: Bearer <jwt>\n"
+                HTTPStatus.UNAUTHORIZED,
+                "missing token: send Authorization: Bearer <jwt>, or ?token=<jwt> from a browser\n",
+                headers=_BEARER_CHALLENGE,
             )
         try:
             user = self.verifier.verify(token)
         except InvalidToken as exc:
-            return Reply(HTTPStatus.UNAUTHORIZED, f"{exc}\n")
+            return Reply(HTTPStatus.UNAUTHORIZED, f"{exc}\n", headers=_INVALID_TOKEN_CHALLENGE)
         protocols = [p.strip() for value in offered for p in value.split(",") if p.strip()]
         if protocols and self.subprotocol not in protocols:
             return Reply(
@@ -216,6 +227,11 @@ class Admission:
             "slow_consumer_closes": self.outbound.slow_consumer_closes,
             "store": dataclasses.asdict(service.store.stats()),
         }
+
+
+#: RFC 6750's challenge on a 401: no token, or a token refused
+_BEARER_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab"'),)
+_INVALID_TOKEN_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab", error="invalid_token"'),)
 
 
 def _bearer_token(authorization: str | None) -> str | None:

@@ -21,7 +21,7 @@ async def _history_seqs(server: ServerProcess, keys: KeyPair, room: str) -> list
 
 async def test_acked_messages_survive_sigkill(start_server, keys: KeyPair, tmp_path):
     server = start_server(event_loop="uvloop", rate_limit_per_s=100000, rate_limit_burst=100000)
-    senders = [await Client.connect(server, keys.mint(f"u{i}")) for i in range(4)]
+    senders = [await Client.connect(server, keys.mint(f"user{i}")) for i in range(4)]
     for client in senders:
         await client.expect(Welcome)
         await client.join("durable")
