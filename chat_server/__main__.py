@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
 from typing import TYPE_CHECKING
 
+from chat_server.limits import usable_connections
 from chat_server.log_redaction import redact_tokens_in_logs
 from chat_server.settings import SettingError, Settings, redact_url, settings_help
 from chat_server.supervisor import WorkerSeat
@@ -220,9 +222,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"settings ok: {settings.summary()}")
         return 0
     pin_cpus(settings.cpu_affinity)
-    raise_open_files_limit(settings.max_connections)
+    settings = _admit_what_fits(settings, raise_open_files_limit(settings.max_connections))
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
         return runner.run(serve(settings, verifier, args.env_file, seat))
+
+
+def _admit_what_fits(settings: Settings, open_files: int) -> Settings:
+    """``settings`` with ``max_connections`` cut to what the open-files limit allows; logged."""
+    limit = usable_connections(settings.max_connections, open_files)
+    if limit.connections < settings.max_connections:
+        log.warning("connections: at most %d; %s", limit.connections, limit.ruled_by)
+        return dataclasses.replace(settings, max_connections=limit.connections)
+    log.info("connections: at most %d, set by %s", limit.connections, limit.ruled_by)
+    return settings
 
 
 def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:

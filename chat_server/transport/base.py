@@ -186,7 +186,10 @@ class Admission:
         if self.service.draining:
             return Reply(HTTPStatus.SERVICE_UNAVAILABLE, "server shutting down\n")
         if self.service.connections >= self.settings.max_connections:
-            return Reply(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections (MAX_CONNECTIONS)\n")
+            return Reply(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "too many connections (MAX_CONNECTIONS, or the open-files limit)\n",
+            )
         token = _bearer_token(authorization) or _query_token(url.query)
         if token is None:
             return Reply(
