@@ -374,6 +374,13 @@ SPECS: tuple[Spec, ...] = (
         "bytes held for a connection that is not reading; past it close 1013",
     ),
     Spec(
+        "SOCKET_SEND_BUFFER_BYTES",
+        "socket_send_buffer_bytes",
+        "65536",
+        integer(0),
+        "kernel send buffer per connection (SO_SNDBUF; Linux doubles it); 0: the kernel's own",
+    ),
+    Spec(
         "RATE_LIMIT_PER_S",
         "rate_limit_per_s",
         "20",
@@ -507,6 +514,7 @@ class Settings(SpecSettings):
     max_body_chars: int
     max_protocol_errors: int
     max_outbound_bytes: int
+    socket_send_buffer_bytes: int
     rate_limit_per_s: float
     rate_limit_burst: int
     max_history_bytes: int

@@ -15,10 +15,12 @@ report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import socket
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -235,6 +237,35 @@ class Admission:
 #: RFC 6750's challenge on a 401: no token, or a token refused
 _BEARER_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab"'),)
 _INVALID_TOKEN_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab", error="invalid_token"'),)
+
+
+#: SO_LINGER on with a zero timeout: close() resets the connection and frees its buffers
+_LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+def bound_send_buffer(transport: Any, size_bytes: int) -> None:
+    """Bound the kernel's send buffer of a connection (``SOCKET_SEND_BUFFER_BYTES``; 0: leave it).
+
+    Without it Linux grows a loopback send buffer to megabytes for a peer that does
+    not read, before the transport's own buffer (``MAX_OUTBOUND_BYTES``) even fills.
+    """
+    sock = transport.get_extra_info("socket")
+    if size_bytes and sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size_bytes)
+
+
+def reset_on_abort(transport: Any) -> None:
+    """Make the transport's coming ``abort()`` a TCP reset.
+
+    A plain close of a socket whose peer stopped reading leaves it in FIN-WAIT-1
+    holding its unsent bytes (kernel memory RSS does not show) for as long as the
+    peer keeps its window shut; a reset frees them at once.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
 
 
 def _bearer_token(authorization: str | None) -> str | None:

@@ -58,6 +58,8 @@ from chat_server.transport.base import (
     Admitted,
     Reply,
     ServerTransport,
+    bound_send_buffer,
+    reset_on_abort,
 )
 
 if TYPE_CHECKING:
@@ -112,6 +114,7 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         self._write = transport.send
         self.tcp = tcp = transport.underlying_transport
         tcp.set_write_buffer_limits(high=owner.paced_high_water_bytes)
+        bound_send_buffer(tcp, owner.settings.socket_send_buffer_bytes)
         owner.peers.add(self)
         self.session = owner.service.open(self.user, self.send, self.send_paced, self.close)
         if owner.ping_interval_s:
@@ -290,6 +293,7 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         """Drop the connection now, without (or without finishing) a closing handshake."""
         self._drop = None
         if self.tcp is not None:
+            reset_on_abort(self.tcp)
             self.tcp.abort()
 
 

@@ -42,6 +42,8 @@ from chat_server.transport.base import (
     OutboundStats,
     Reply,
     ServerTransport,
+    bound_send_buffer,
+    reset_on_abort,
 )
 
 # websockets logs every connection's open and close at INFO: one line per connection
@@ -109,6 +111,7 @@ class WebsocketsPeer:
 
     def _drop_if_open(self) -> None:
         if self._protocol.state is not State.CLOSED:
+            reset_on_abort(self._transport)
             self._transport.abort()
 
 
@@ -204,8 +207,20 @@ class WebsocketsTransport(ServerTransport):
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
         """Close every connection with ``code`` and wait until their handlers returned."""
         if self._server is not None:
+            # websockets aborts a connection whose closing handshake is not done in
+            # CLOSE_TIMEOUT_S: make those aborts resets (see reset_on_abort)
+            reset_later = asyncio.get_running_loop().call_later(
+                self.settings.close_timeout_s * 0.9, self._reset_unclosed
+            )
             self._server.close(close_connections=True, code=code, reason=reason)
             await self._server.wait_closed()
+            reset_later.cancel()
+
+    def _reset_unclosed(self) -> None:
+        assert self._server is not None
+        for connection in self._server.connections:
+            if connection.protocol.state is not State.CLOSED:
+                reset_on_abort(connection.transport)
 
     # ---- handshake -------------------------------------------------------------------
 
@@ -241,6 +256,7 @@ class WebsocketsTransport(ServerTransport):
 
     async def _handler(self, connection: ServerConnection) -> None:
         s = self.settings
+        bound_send_buffer(connection.transport, s.socket_send_buffer_bytes)
         peer = WebsocketsPeer(
             connection, self.codec.binary, s.max_outbound_bytes, s.close_timeout_s, self.stats
         )

@@ -224,6 +224,9 @@ async def test_replay_is_paced_by_the_reader_and_never_trips_1013(start_server, 
     server = start_server(
         event_loop="asyncio",
         max_outbound_bytes=8192,
+        # the writer reads its own 6 MB of echoes only after sending: the kernel's own
+        # (autotuned) send buffer holds them, as MAX_OUTBOUND_BYTES is tiny here
+        socket_send_buffer_bytes=0,
         rate_limit_per_s=100000,
         rate_limit_burst=100000,
     )
