@@ -19,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from chat_server.limits import usable_connections
+from chat_server.limits import ConnectionLimit, usable_connections
 from chat_server.log_redaction import redact_tokens_in_logs
 from chat_server.settings import SettingError, Settings, redact_url, settings_help
 from chat_server.supervisor import WorkerSeat
@@ -50,6 +50,7 @@ async def serve(
     verifier: TokenVerifier,
     env_file: str | None = None,
     seat: WorkerSeat | None = None,
+    limit: ConnectionLimit | None = None,
 ) -> int:
     """Run the server until a stop signal, then drain in the contract's order.
 
@@ -164,6 +165,7 @@ async def serve(
         settings.summary(),
         backend,
     )
+    _log_connection_limit(limit)
     if settings.regression != "off":
         log.warning(
             "REGRESSION=%s is ON: this server makes a deliberate mistake for the lab; "
@@ -222,19 +224,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"settings ok: {settings.summary()}")
         return 0
     pin_cpus(settings.cpu_affinity)
-    settings = _admit_what_fits(settings, raise_open_files_limit(settings.max_connections))
+    settings, limit = _admit_what_fits(settings, raise_open_files_limit(settings.max_connections))
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        return runner.run(serve(settings, verifier, args.env_file, seat))
+        return runner.run(serve(settings, verifier, args.env_file, seat, limit))
 
 
-def _admit_what_fits(settings: Settings, open_files: int) -> Settings:
-    """``settings`` with ``max_connections`` cut to what the open-files limit allows; logged."""
+def _admit_what_fits(settings: Settings, open_files: int) -> tuple[Settings, ConnectionLimit]:
+    """``settings`` with ``max_connections`` cut to what the open-files limit allows, and
+    which limit rules (logged once the server listens: a start that fails says one line)."""
     limit = usable_connections(settings.max_connections, open_files)
     if limit.connections < settings.max_connections:
-        log.warning("connections: at most %d; %s", limit.connections, limit.ruled_by)
-        return dataclasses.replace(settings, max_connections=limit.connections)
-    log.info("connections: at most %d, set by %s", limit.connections, limit.ruled_by)
-    return settings
+        return dataclasses.replace(settings, max_connections=limit.connections), limit
+    return settings, limit
+
+
+def _log_connection_limit(limit: ConnectionLimit | None) -> None:
+    if limit is None:
+        return
+    level = logging.WARNING if limit.by_open_files else logging.INFO
+    log.log(level, "connections: at most %d, set by %s", limit.connections, limit.ruled_by)
 
 
 def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:

@@ -25,6 +25,8 @@ class ConnectionLimit:
 
     connections: int
     ruled_by: str
+    #: True when the open-files limit, not MAX_CONNECTIONS, rules (worth a warning)
+    by_open_files: bool = False
 
 
 def usable_connections(max_connections: int, open_files: int) -> ConnectionLimit:
@@ -35,6 +37,7 @@ def usable_connections(max_connections: int, open_files: int) -> ConnectionLimit
             by_files,
             f"the open-files limit ({open_files}, less {OPEN_FILES_RESERVE} reserved) "
             f"is below MAX_CONNECTIONS={max_connections}",
+            by_open_files=True,
         )
     return ConnectionLimit(
         max_connections,
