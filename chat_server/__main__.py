@@ -127,6 +127,8 @@ async def serve(
         on_snapshot_signal(lambda: log.warning("SIGUSR1: no profile snapshot, PROFILE is off"))
     listen_socket = None if seat is None else seat.listening_socket()
     transport = transport_class(settings, service, verifier, codec, listen_socket)
+    if seat is not None:
+        transport.admission.unready = seat.ready_board().unready
     metrics: MetricsServer | MetricsPublisher | None = None
     if settings.metrics_port and seat is None:
         metrics = MetricsServer(

@@ -21,7 +21,7 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
@@ -142,7 +142,8 @@ class Admission:
     """Decides each HTTP request on the websocket port, the same way for every transport.
 
     Every resource here is GET only: another method is 405 with ``Allow: GET``.
-    ``/healthz`` answers 200 and ``/stats`` the counters as JSON; any other path
+    ``/healthz`` answers 200 (with ``WORKERS`` > 1, 503 naming how many workers are
+    ready until all are) and ``/stats`` the counters as JSON; any other path
     but ``/ws`` is 404. An upgrade on ``/ws`` is refused with 503 while draining
     or past ``MAX_CONNECTIONS``, then with 401 for a missing or bad token (from
     ``Authorization: Bearer`` or ``?token=``), then with 400 when the client
@@ -162,6 +163,8 @@ class Admission:
         self.verifier = verifier
         self.subprotocol = codec.subprotocol
         self.outbound = outbound
+        #: WORKERS > 1: what keeps ``/healthz`` from 200 (workers not ready), else None
+        self.unready: Callable[[], str | None] = _ready
 
     def decide(
         self, target: str, authorization: str | None, offered: Iterable[str], method: str = "GET"
@@ -179,6 +182,9 @@ class Admission:
             )
         url = urlsplit(target)
         if url.path == "/healthz":
+            unready = self.unready()
+            if unready is not None:
+                return Reply(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {unready}\n")
             return Reply(HTTPStatus.OK, "ok\n")
         if url.path == "/stats":
             body = json.dumps(self.stats_snapshot()) + "\n"
@@ -237,6 +243,11 @@ class Admission:
 #: RFC 6750's challenge on a 401: no token, or a token refused
 _BEARER_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab"'),)
 _INVALID_TOKEN_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab", error="invalid_token"'),)
+
+
+def _ready() -> None:
+    """One process: ready whenever it answers."""
+    return
 
 
 #: SO_LINGER on with a zero timeout: close() resets the connection and frees its buffers
