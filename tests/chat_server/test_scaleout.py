@@ -9,6 +9,7 @@ socket), real websocket clients that learn their worker from the handshake's
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
@@ -417,3 +418,16 @@ async def test_healthz_is_200_only_while_every_worker_serves(
     client, pid = await connect_to(server, keys, "newcomer", on=replacement)
     assert pid == replacement
     await client.close()
+
+
+async def test_a_burst_of_connections_spreads_over_the_workers(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    server = start_workers(start_server, redis_server)
+    clients = await asyncio.gather(
+        *(Client.connect(server, keys.mint(f"burst{i}")) for i in range(40))
+    )
+    pids = collections.Counter(int(c.conn.response.headers[WORKER_HEADER]) for c in clients)
+    assert set(pids) == set(server.worker_pids()), pids
+    for client in clients:
+        await client.close()
