@@ -274,6 +274,20 @@ SPECS: tuple[Spec, ...] = (
         "messages waiting for the history writer; past it a send gets unavailable",
     ),
     Spec(
+        "SEND_REF_WINDOW_S",
+        "send_ref_window_s",
+        "300",
+        number(0),
+        "a resent send (same ref and body) within it gets the original ack; 0: off",
+    ),
+    Spec(
+        "SEND_REF_MAX",
+        "send_ref_max",
+        "100000",
+        integer(1),
+        "sends with a ref remembered for SEND_REF_WINDOW_S at most (oldest forgotten first)",
+    ),
+    Spec(
         "STORE_BATCH_MAX",
         "store_batch_max",
         "1000",
@@ -498,6 +512,8 @@ class Settings(SpecSettings):
     chat_db: str
     chat_db_synchronous: str
     store_queue_max: int
+    send_ref_window_s: float
+    send_ref_max: int
     store_batch_max: int
     jwt_public_key: str
     jwt_algorithm: str
