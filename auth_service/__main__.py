@@ -27,6 +27,7 @@ from auth_service.tokens import (
     rotate_key,
 )
 from auth_service.users import UserStore
+from chat_server.log_redaction import redact_tokens_in_logs
 from chat_server.runtime import loop_factory
 
 log = logging.getLogger("auth_service")
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    redact_tokens_in_logs()  # uvicorn's access and error lines
     if args.command == "rotate-key":
         return rotate(settings)
     try:

@@ -26,6 +26,8 @@ import psutil
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from chat_server.auth import key_id
+
 ROOT = Path(__file__).resolve().parent.parent
 ISSUER = "chatlab-auth"
 AUDIENCE = "chatlab-chat"
@@ -63,7 +65,12 @@ class KeyPair:
         }
         payload.update(claims)
         payload = {k: v for k, v in payload.items() if v is not None}
-        return jwt.encode(payload, self.private_key, algorithm="EdDSA", headers={"kid": "test"})
+        return jwt.encode(payload, self.private_key, algorithm="EdDSA", headers={"kid": self.kid})
+
+    @property
+    def kid(self) -> str | None:
+        """The key's ``kid``, as the auth service names it (the chat server checks it)."""
+        return key_id(self.private_key.public_key())
 
 
 class ServiceProcess:

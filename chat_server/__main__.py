@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
 from typing import TYPE_CHECKING
 
+from chat_server.limits import ConnectionLimit, usable_connections
+from chat_server.log_redaction import redact_tokens_in_logs
 from chat_server.settings import SettingError, Settings, redact_url, settings_help
 from chat_server.supervisor import WorkerSeat
 
@@ -47,6 +50,7 @@ async def serve(
     verifier: TokenVerifier,
     env_file: str | None = None,
     seat: WorkerSeat | None = None,
+    limit: ConnectionLimit | None = None,
 ) -> int:
     """Run the server until a stop signal, then drain in the contract's order.
 
@@ -124,6 +128,8 @@ async def serve(
         on_snapshot_signal(lambda: log.warning("SIGUSR1: no profile snapshot, PROFILE is off"))
     listen_socket = None if seat is None else seat.listening_socket()
     transport = transport_class(settings, service, verifier, codec, listen_socket)
+    if seat is not None:
+        transport.admission.unready = seat.ready_board().unready
     metrics: MetricsServer | MetricsPublisher | None = None
     if settings.metrics_port and seat is None:
         metrics = MetricsServer(
@@ -170,6 +176,7 @@ async def serve(
         settings.summary(),
         backend,
     )
+    _log_connection_limit(limit)
     if settings.regression != "off":
         log.warning(
             "REGRESSION=%s is ON: this server makes a deliberate mistake for the lab; "
@@ -230,9 +237,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"settings ok: {settings.summary()}")
         return 0
     pin_cpus(settings.cpu_affinity)
-    raise_open_files_limit(settings.max_connections)
+    settings, limit = _admit_what_fits(settings, raise_open_files_limit(settings.max_connections))
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        return runner.run(serve(settings, verifier, args.env_file, seat))
+        return runner.run(serve(settings, verifier, args.env_file, seat, limit))
+
+
+def _admit_what_fits(settings: Settings, open_files: int) -> tuple[Settings, ConnectionLimit]:
+    """``settings`` with ``max_connections`` cut to what the open-files limit allows, and
+    which limit rules (logged once the server listens: a start that fails says one line)."""
+    limit = usable_connections(settings.max_connections, open_files)
+    if limit.connections < settings.max_connections:
+        return dataclasses.replace(settings, max_connections=limit.connections), limit
+    return settings, limit
+
+
+def _log_connection_limit(limit: ConnectionLimit | None) -> None:
+    if limit is None:
+        return
+    level = logging.WARNING if limit.by_open_files else logging.INFO
+    log.log(level, "connections: at most %d, set by %s", limit.connections, limit.ruled_by)
 
 
 def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:
@@ -243,6 +266,7 @@ def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:
         format=f"%(asctime)s %(levelname)s {who}: %(message)s",
         stream=sys.stderr,
     )
+    redact_tokens_in_logs()
     if settings.log_level != "debug":
         # one line per connection from the websocket library is noise under load
         for library in ("websockets", "picows"):

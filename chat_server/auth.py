@@ -7,15 +7,24 @@ a worker thread, never on the handshake path; a token's key is picked by its
 ``kid``. Each handshake costs one signature check (PyJWT on ``cryptography``),
 with ``exp``, ``iss``, ``aud`` and ``sub`` required and only the configured
 algorithm accepted (never ``none``, never HS* with a public key, because the
-algorithm list has exactly one asymmetric entry).
+algorithm list has exactly one asymmetric entry). Once a token verifies, its
+claims are held to the contract strictly: ``exp``, ``iat`` and ``nbf`` must be
+numbers (PyJWT alone takes ``"exp": "9999999999"``), ``sub`` must follow the
+username rule (3-32 of ``A-Za-z0-9_.-``: it is shown to other users), and with a
+single Ed25519 ``JWT_PUBLIC_KEY`` a token's ``kid``, when it has one, must be that
+key's (computed as the auth service does: base64url of the first 8 bytes of
+SHA-256 of the raw key).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
 import logging
+import re
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -23,7 +32,11 @@ from pathlib import Path
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_public_key,
+)
 
 from chat_server.errors import ChatError
 from chat_server.settings import SettingError, Settings
@@ -38,13 +51,22 @@ _KEY_TYPES = {
 
 log = logging.getLogger("chat_server.auth")
 
+#: the contract's username rule, which a token's ``sub`` must follow
+USERNAME = re.compile(r"[A-Za-z0-9_.\-]{3,32}")
+#: claims that must be numbers (seconds since the epoch) when present
+NUMERIC_CLAIMS = ("exp", "iat", "nbf")
+
 
 class InvalidToken(ChatError):
     """A token that does not open a chat connection; ``str()`` is the one-line reason."""
 
 
 class TokenVerifier:
-    """Verifies chat tokens against one public key; returns the user (``sub``)."""
+    """Verifies chat tokens against one public key; returns the user (``sub``).
+
+    ``kid``: the key's id, which a token's ``kid`` header must match when it has one
+    (None: any, for keys without an id).
+    """
 
     def __init__(
         self,
@@ -53,8 +75,11 @@ class TokenVerifier:
         issuer: str,
         audience: str,
         keys_by_kid: JwksKeys | None = None,
+        *,
+        kid: str | None = None,
     ) -> None:
         self._key = public_key
+        self._kid = kid
         self._keys_by_kid = keys_by_kid
         self._algorithms = [algorithm]
         self._issuer = issuer
@@ -69,7 +94,12 @@ class TokenVerifier:
 
     def verify(self, token: str) -> str:
         """Return the token's ``sub`` if it is valid now, else raise :class:`InvalidToken`."""
-        key = self._key if self._keys_by_kid is None else self._keys_by_kid.key_for(token)
+        if self._keys_by_kid is not None:
+            key = self._keys_by_kid.key_for(token)
+        else:
+            key = self._key
+            if self._kid is not None:
+                self._check_kid(token)
         try:
             claims = self._jwt.decode(
                 token,
@@ -94,10 +124,23 @@ class TokenVerifier:
             raise InvalidToken(f"token lacks the {exc.claim} claim") from None
         except jwt.PyJWTError as exc:
             raise InvalidToken(f"invalid token: {exc}") from None
+        for name in NUMERIC_CLAIMS:
+            value = claims.get(name)
+            if value is not None and (type(value) not in (int, float)):
+                raise InvalidToken(f"token {name} is not a number")
         sub = claims.get("sub")
-        if not isinstance(sub, str) or not sub:
-            raise InvalidToken("token sub is not a user name")
+        if not isinstance(sub, str) or USERNAME.fullmatch(sub) is None:
+            raise InvalidToken("token sub is not a user name (3-32 of A-Za-z0-9_.-)")
         return sub
+
+    def _check_kid(self, token: str) -> None:
+        """Refuse a token whose ``kid`` header names another key than the configured one."""
+        try:
+            kid = jwt.get_unverified_header(token).get("kid")
+        except jwt.PyJWTError as exc:
+            raise InvalidToken(f"invalid token: {exc}") from None
+        if kid is not None and kid != self._kid:
+            raise InvalidToken("token key id (kid) is not JWT_PUBLIC_KEY's")
 
 
 def load_verifier(settings: Settings) -> TokenVerifier:
@@ -133,7 +176,20 @@ def load_verifier(settings: Settings) -> TokenVerifier:
             settings.jwt_public_key,
             f"the key does not suit JWT_ALGORITHM={settings.jwt_algorithm}",
         )
-    return TokenVerifier(key, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience)
+    return TokenVerifier(
+        key, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience, kid=key_id(key)
+    )
+
+
+def key_id(public_key: object) -> str | None:
+    """The auth service's ``kid`` for an Ed25519 key (None for other keys: they have none).
+
+    base64url (unpadded) of the first 8 bytes of SHA-256 of the raw public key.
+    """
+    if not isinstance(public_key, ed25519.Ed25519PublicKey):
+        return None
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:8]).rstrip(b"=").decode()
 
 
 class JwksKeys:

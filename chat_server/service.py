@@ -38,7 +38,8 @@ from chat_server.broker.base import Broker
 from chat_server.broker.memory import MemoryBroker
 from chat_server.codecs.base import Codec
 from chat_server.core.chat import ChatCore, CloseConnection, SendFrame, Session
-from chat_server.core.validation import check_room
+from chat_server.core.idempotency import RecentSends
+from chat_server.core.validation import check_room, check_since
 from chat_server.errors import (
     BrokerUnavailable,
     ChatError,
@@ -98,6 +99,9 @@ class ChatService:
         self._redis: Redis | None = None
         self._shared: RedisBroker | None = None
         self._pending_acks: dict[str, deque[tuple[Message, Session]]] = {}
+        self.recent_sends = RecentSends(
+            round(settings.send_ref_window_s * 1000), settings.send_ref_max
+        )
         self._held: dict[Session, deque[Frame]] = {}
         self.counters = Counters()
         core_wiring: dict[str, Any]
@@ -106,7 +110,7 @@ class ChatService:
         else:
             self.store = SqliteHistoryStore(
                 path=settings.chat_db,
-                on_batch=self._on_batch,
+                on_batch=self._reported,
                 synchronous=settings.chat_db_synchronous,
                 queue_max=settings.store_queue_max,
                 batch_max=batch_max,
@@ -160,11 +164,12 @@ class ChatService:
         self.store = RedisHistoryStore(
             client=self._redis,
             writer=self.worker_id,
-            on_batch=self._on_batch_shared,
+            on_batch=self._reported_shared,
             queue_max=settings.store_queue_max,
             batch_max=batch_max,
             history_max=settings.history_max,
             commit_seconds=self.counters.commit_seconds,
+            send_ref_window_s=settings.send_ref_window_s,
         )
         self.broker = self._shared = RedisBroker(
             client=self._redis,
@@ -188,6 +193,7 @@ class ChatService:
         """Open the history store and the broker; StoreError or BrokerUnavailable if unreachable."""
         try:
             await self.store.start()
+            await self._load_recent_sends()
             await self.broker.start()
         except (StoreError, BrokerUnavailable):
             if self._redis is not None:
@@ -224,9 +230,18 @@ class ChatService:
             return
         self.counters.frames_in += 1
         if not core.take_token(session, time.monotonic()):
-            core.rate_limited(session, time.monotonic())
+            core.rate_limited(session, time.monotonic(), self._ref_of(frame))
             return
         self._dispatch(session, frame)
+
+    def _ref_of(self, frame: Frame) -> str | None:
+        """The ``ref`` of a refused frame that is a ``send`` (None otherwise): the client
+        learns which send to retry. Decoding here costs only frames already refused."""
+        try:
+            message = self.decode(frame)
+        except ProtocolError as exc:
+            return exc.ref
+        return message.ref if isinstance(message, Send) else None
 
     def _dispatch(self, session: Session, frame: Frame) -> None:
         """Decode one frame that drew its token and run its handler; errors become frames."""
@@ -249,7 +264,7 @@ class ChatService:
         if session.closed:
             return
         if not core.take_token(session, time.monotonic()):
-            core.rate_limited(session, time.monotonic())
+            core.rate_limited(session, time.monotonic(), self._ref_of(frame))
             return
         if len(held) >= HELD_FRAMES_MAX:
             core.fail(session, ProtocolError(ErrorCode.UNAVAILABLE, "too many frames in a join"))
@@ -272,10 +287,14 @@ class ChatService:
         stored = self.core.accept_send(session, message, time.time_ns() // 1_000_000)
         if self.draining:
             raise ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down", message.ref)
+        if stored.ref is not None and self._answer_repeat(session, stored):
+            return
         try:
             self.store.submit(stored, session)
         except StoreError as exc:
             raise ProtocolError(exc.code, str(exc), message.ref) from None
+        if stored.ref is not None:
+            self.recent_sends.submitted(stored)
 
     def _on_batch(self, result: BatchResult) -> None:
         core = self.core
@@ -306,6 +325,57 @@ class ChatService:
 
     def _deliver(self, message: Message) -> None:
         self.core.deliver(message)
+
+    # ---- idempotent sends: a ref repeated with the same body is answered, not stored -----
+
+    def _answer_repeat(self, session: Session, stored: Message) -> bool:
+        """True when ``stored`` repeats a remembered send: acked with its seq, or waiting."""
+        earlier = self.recent_sends.repeat_of(stored)
+        if earlier is None:
+            return False
+        if earlier.seq:
+            stored.seq = earlier.seq
+            self.core.ack(session, stored)
+        else:
+            earlier.wait(session)  # answered with the original's outcome
+        return True
+
+    def _reported(self, result: BatchResult) -> None:
+        self._on_batch(result)
+        self._remember_outcomes(result)
+
+    def _reported_shared(self, result: BatchResult) -> None:
+        self._on_batch_shared(result)
+        self._remember_outcomes(result)
+
+    def _remember_outcomes(self, result: BatchResult) -> None:
+        """Record the batch's seqs for its refs; answer the repeats that waited for them."""
+        recent = self.recent_sends
+        core = self.core
+        if result.error is None:
+            for message, _ in result.items:
+                if message.ref is not None:
+                    for session in recent.committed(message):
+                        core.ack(session, message)
+            return
+        error = ProtocolError(result.error.code, f"not stored: {result.error}")
+        for message, _ in result.items:
+            if message.ref is not None:
+                for session in recent.failed(message):
+                    core.store_failed(session, message, error)
+
+    async def _load_recent_sends(self) -> None:
+        """Remember the sends with a ref that the store holds from the last window."""
+        recent = self.recent_sends
+        if not recent.window_ms:
+            return
+        since_ms = time.time_ns() // 1_000_000 - recent.window_ms
+        for message in await self.store.recent_sends(since_ms, recent.max_entries):
+            recent.load(message)
+        if recent:
+            log.info(
+                "remembering %d sends with a ref from the last %d ms", len(recent), recent.window_ms
+            )
 
     # ---- BROKER=redis: acks after delivery, joins after subscribing, shared presence ------
 
@@ -364,6 +434,7 @@ class ChatService:
     def _join_shared(self, session: Session, message: Join) -> None:
         """Join now if the broker holds the room; else subscribe first, holding later frames."""
         assert self._shared is not None
+        check_since(message.since)
         check_room(message.room)
         if self._shared.is_ready(message.room):
             self._join(session, message)
@@ -520,6 +591,8 @@ class ChatService:
             "store": dataclasses.asdict(self.store.stats()),
             "tail": {**self.counters.tail_summary(), **self._store_notable()},
             "worker": {"pid": os.getpid(), "index": self.worker_index, "id": self.worker_id},
+            "sends_remembered": len(self.recent_sends),
+            "repeated_sends": self.recent_sends.repeats,
         }
         if self._shared is not None:
             stats["broker"] = self._shared.stats()

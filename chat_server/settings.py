@@ -274,6 +274,20 @@ SPECS: tuple[Spec, ...] = (
         "messages waiting for the history writer; past it a send gets unavailable",
     ),
     Spec(
+        "SEND_REF_WINDOW_S",
+        "send_ref_window_s",
+        "300",
+        number(0),
+        "a resent send (same ref and body) within it gets the original ack; 0: off",
+    ),
+    Spec(
+        "SEND_REF_MAX",
+        "send_ref_max",
+        "100000",
+        integer(1),
+        "sends with a ref remembered for SEND_REF_WINDOW_S at most (oldest forgotten first)",
+    ),
+    Spec(
         "STORE_BATCH_MAX",
         "store_batch_max",
         "1000",
@@ -412,6 +426,13 @@ SPECS: tuple[Spec, ...] = (
         "bytes held for a connection that is not reading; past it close 1013",
     ),
     Spec(
+        "SOCKET_SEND_BUFFER_BYTES",
+        "socket_send_buffer_bytes",
+        "65536",
+        integer(0),
+        "kernel send buffer per connection (SO_SNDBUF; Linux doubles it); 0: the kernel's own",
+    ),
+    Spec(
         "RATE_LIMIT_PER_S",
         "rate_limit_per_s",
         "20",
@@ -529,6 +550,8 @@ class Settings(SpecSettings):
     chat_db: str
     chat_db_synchronous: str
     store_queue_max: int
+    send_ref_window_s: float
+    send_ref_max: int
     store_batch_max: int
     chat_db_commit: str
     chat_db_checkpoint_pages: int
@@ -550,6 +573,7 @@ class Settings(SpecSettings):
     max_body_chars: int
     max_protocol_errors: int
     max_outbound_bytes: int
+    socket_send_buffer_bytes: int
     rate_limit_per_s: float
     rate_limit_burst: int
     max_history_bytes: int

@@ -362,6 +362,10 @@ class ChatUser(User):
         self.token: str | None = None
         self.session: Session | None = None
         self.receiver: gevent.Greenlet | None = None
+        #: sessions opened so far (names each session's refs), and the sends the last
+        #: one left unacked (retried with their refs by the next)
+        self.sessions = 0
+        self.unacked: dict[str, str] = {}
 
     @task
     def chat(self) -> None:
@@ -394,7 +398,11 @@ class ChatUser(User):
         if options.target == "relay":
             session: Session = RelaySession(process.codec, process.ledger, fire, name, room)
         else:
-            session = Session(process.codec, process.ledger, fire, name, room)
+            self.sessions += 1
+            session = Session(
+                process.codec, process.ledger, fire, name, room, ref_prefix=f"{self.sessions}."
+            )
+            session.carry_over(self.unacked)
             if self.token is None:
                 self.token = plan.tokens.get(name)
             if self.token is None:
@@ -445,6 +453,8 @@ class ChatUser(User):
                 continue
             process.ledger.note_send_lateness(-delay)
             try:
+                if session.retry_due:
+                    session.resend_due()
                 session.send_chat()
             except OSError:
                 break  # the receiver reports why the connection ended
@@ -459,6 +469,7 @@ class ChatUser(User):
             return
         if session.join_seq is not None and session.conn is not None:
             PROCESS.connected -= 1
+        self.unacked = session.unacked_sends()
         session.close()
         if self.receiver is not None:
             self.receiver.kill(block=False)
@@ -730,6 +741,8 @@ def _on_quitting(environment: Environment, **_kwargs: Any) -> None:
                 "server_errors",
                 "unexpected_closes",
                 "connects",
+                "retried",
+                "acked_after_retry",
             )
         },
         "generator": {
@@ -776,7 +789,8 @@ def _verdict_text(report: dict[str, Any]) -> str:
         f"p95 {f['p95_ms']} / p99 {f['p99_ms']} ms",
         f"  deliveries: sent {d['sent']}, acked {d['acked']}, delivered {d['delivered']}, "
         f"missing {d['missing']}, unacked {d['unacked']}, duplicates {d['duplicates']}, "
-        f"server errors {d['server_errors']}, unexpected closes {d['unexpected_closes']}",
+        f"server errors {d['server_errors']}, unexpected closes {d['unexpected_closes']}, "
+        f"retried {d['retried']} (acked after a retry {d['acked_after_retry']})",
         f"  generator: {g['processes']} process(es), CPU max {g['cpu_max_percent']:.0f}% "
         f"(above 90% for {g['cpu_over_90_s']} s), sends late by over "
         f"{g['late_threshold_ms']:.0f} ms: {g['late_sends']} (max {g['max_lateness_ms']:.0f} ms)",

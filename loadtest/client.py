@@ -391,6 +391,10 @@ class Ledger:
     server_errors: int = 0
     unexpected_closes: int = 0
     connects: int = 0
+    #: sends sent again with their ref (after ``unavailable`` or a lost connection)
+    retried: int = 0
+    #: of those, acked (each send is stored once however often it is retried)
+    acked_after_retry: int = 0
     late_sends: int = 0
     max_lateness_s: float = 0.0
     room_top_seq: dict[str, int] = field(default_factory=dict)
@@ -413,6 +417,8 @@ class Ledger:
             "server_errors": self.server_errors,
             "unexpected_closes": self.unexpected_closes,
             "connects": self.connects,
+            "retried": self.retried,
+            "acked_after_retry": self.acked_after_retry,
             "late_sends": self.late_sends,
             "max_lateness_ms": round(self.max_lateness_s * 1000, 1),
         }
@@ -428,10 +434,32 @@ class Session:
     (now minus the send time the body carries), ``ack`` for every ack (now minus the
     send time kept for its ``ref``), and failures: error frames (``ack``, or ``connect``
     before the join), seq gaps and duplicates (``fanout``), unexpected closes
-    (``connect``). The body is ``"{send time_ns}|{user}|{n}"``.
+    (``connect``). The body is ``"{send time_ns}|{user}|{n}"``, the ``ref``
+    ``"{ref_prefix}{n}"``.
+
+    Retries: a send answered ``unavailable`` is sent again with the same ``ref`` and
+    body (:meth:`resend_due`), as is every send left unacked by a connection that
+    ended (:meth:`unacked_sends`, carried to the next session by
+    :meth:`carry_over`): the server stores each once, so the ledger counts
+    ``retried`` and ``acked_after_retry`` and never a duplicate.
     """
 
-    def __init__(self, codec: Codec, ledger: Ledger, report: Report, user: str, room: str) -> None:
+    def __init__(
+        self,
+        codec: Codec,
+        ledger: Ledger,
+        report: Report,
+        user: str,
+        room: str,
+        *,
+        ref_prefix: str = "",
+    ) -> None:
+        self.ref_prefix = ref_prefix
+        #: each unacked send's body, by ref (what a retry sends again)
+        self.bodies: dict[str, str] = {}
+        #: refs to send again (answered ``unavailable``, or carried over)
+        self.retry_due: list[str] = []
+        self.retried: set[str] = set()
         self.codec = codec
         self.ledger = ledger
         self.report = report
@@ -490,18 +518,43 @@ class Session:
         assert self.conn is not None
         n = self.sent
         self.sent = n + 1
-        ref = str(n)
+        ref = f"{self.ref_prefix}{n}"
         now_ns = time.time_ns()
-        frame = self.codec.encode_client(
-            Send(room=self.room, body=f"{now_ns}|{self.user}|{n}", ref=ref)
-        )
+        body = f"{now_ns}|{self.user}|{n}"
+        frame = self.codec.encode_client(Send(room=self.room, body=body, ref=ref))
         self.pending_acks[ref] = now_ns  # before sending: the ack may come back at once
+        self.bodies[ref] = body
         try:
             self.conn.send(frame, self._text)
         except OSError:
             del self.pending_acks[ref]
+            del self.bodies[ref]
             raise
         self.ledger.sent += 1
+
+    def resend_due(self) -> None:
+        """Send again, with the same ref and body, every send due for a retry."""
+        assert self.conn is not None
+        due, self.retry_due = self.retry_due, []
+        for ref in due:
+            body = self.bodies.get(ref)
+            if body is None:
+                continue  # acked meanwhile
+            if ref not in self.pending_acks:
+                self.pending_acks[ref] = int(body[: body.index("|")])
+            frame = self.codec.encode_client(Send(room=self.room, body=body, ref=ref))
+            self.conn.send(frame, self._text)
+            self.retried.add(ref)
+            self.ledger.retried += 1
+
+    def unacked_sends(self) -> dict[str, str]:
+        """The bodies of the sends this session never saw acked, by ref."""
+        return dict(self.bodies)
+
+    def carry_over(self, unacked: dict[str, str]) -> None:
+        """Take a previous session's unacked sends: retried once this one has joined."""
+        self.bodies.update(unacked)
+        self.retry_due.extend(unacked)
 
     def receive_forever(self) -> None:
         """Read and account for every frame until the connection ends.
@@ -574,6 +627,9 @@ class Session:
                 sent_ns = pending.pop(message.ref, 0)  # type: ignore[union-attr,arg-type]
                 if not sent_ns:
                     continue
+                self.bodies.pop(message.ref, None)  # type: ignore[union-attr,arg-type]
+                if self.retried and message.ref in self.retried:  # type: ignore[union-attr]
+                    ledger.acked_after_retry += 1
                 ledger.acked += 1
                 seq = message.seq  # type: ignore[union-attr]
                 if seq > room_top.get(room, 0):
@@ -635,8 +691,12 @@ class Session:
         if self.join_seq is None:
             self._fail(CONNECT, ServerError(message.code))
             return
-        if message.ref is None or self.pending_acks.pop(message.ref, None) is None:
+        if message.code == "unavailable" and message.ref in self.bodies:
+            self.retry_due.append(message.ref)  # type: ignore[arg-type]  # safe: same ref
+        elif message.ref is None or self.pending_acks.pop(message.ref, None) is None:
             self.unmatched_send_errors += 1
+        else:
+            self.bodies.pop(message.ref, None)
         self._fail(ACK, ServerError(message.code))
 
     def _closed(self, why: str) -> None:

@@ -1,8 +1,10 @@
 """A short scripted demo: start the chat server, let two users talk, print what they see.
 
-Until the auth service and the lab land, the demo mints its own tokens with a
-throw-away Ed25519 key pair in a temporary directory (the server verifies them
-exactly as it will verify the auth service's). Nothing is written in the project.
+So that it needs no auth service running, the demo mints its own tokens with a
+throw-away Ed25519 key pair in a temporary directory, as the auth service does
+(same claims, same ``kid`` rule; the server verifies them exactly as it verifies
+the auth service's). Nothing is written in the project. ``make talk`` runs it; for
+the benchmark lab's demo see ``make demo``.
 Usage: ``python scripts/demo.py [--serializer orjson] [--loop uvloop]``.
 """
 

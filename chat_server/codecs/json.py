@@ -138,7 +138,22 @@ def _convert_or_raise(obj: dict[str, Any], cls: type[Any]) -> Any:
     try:
         return _convert(obj, cls)
     except (_ValidationError, RecursionError) as exc:
-        raise CodecError(_BAD_REQUEST, str(exc), _echoed_ref(obj)) from None
+        raise CodecError(_BAD_REQUEST, _too_big_detail(obj) or str(exc), _echoed_ref(obj)) from None
+
+
+def _too_big_detail(obj: dict[str, Any]) -> str | None:
+    """The detail for an integer field past 64 bits, which orjson parsed as a float.
+
+    msgspec would call it a mistyped ``float``, which the client never sent.
+    """
+    for name, value in obj.items():
+        if (
+            value.__class__ is float
+            and value.is_integer()
+            and not _INT64_MIN <= value <= _INT64_MAX
+        ):
+            return f"`{_quote(name)[1:-1]}` is out of range: integers here are 64-bit"
+    return None
 
 
 def _decode_send(obj: dict[str, Any]) -> Send:

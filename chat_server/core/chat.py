@@ -32,7 +32,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from chat_server.core.validation import check_room, check_send, history_limit
+from chat_server.core.validation import check_room, check_send, check_since, history_limit
 from chat_server.errors import UNCOUNTED_CODES, ErrorCode, ProtocolError
 from chat_server.messages import (
     Ack,
@@ -174,11 +174,11 @@ class ChatCore:
         session.tokens = tokens
         return False
 
-    def rate_limited(self, session: Session, now: float) -> None:
-        """Answer ``rate_limited``; close 1008 when the replies amount to a flood."""
+    def rate_limited(self, session: Session, now: float, ref: str | None = None) -> None:
+        """Answer ``rate_limited`` (with the refused send's ``ref``); close 1008 on a flood."""
         limited_at = session.limited_at
         limited_at.append(now)
-        self._send_error(session, ErrorCode.RATE_LIMITED, "too many frames", None)
+        self._send_error(session, ErrorCode.RATE_LIMITED, "too many frames", ref)
         if len(limited_at) == self.burst and now - limited_at[0] <= self.flood_window_s:
             self._close(session, CLOSE_POLICY_VIOLATION, "rate_limited: flood")
 
@@ -209,6 +209,7 @@ class ChatCore:
         in the room. Without ``since`` the member is live at once.
         """
         room_name = message.room
+        check_since(message.since)
         check_room(room_name)
         room = self.rooms.get(room_name)
         if room is None:

@@ -34,6 +34,12 @@ def check_send(room: str, body: str, ref: str | None, max_body_chars: int) -> No
         )
 
 
+def check_since(since: int | None) -> None:
+    """Raise ``bad_request`` for a negative ``since`` (a ``join``'s last seen seq)."""
+    if since is not None and since < 0:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "since must be a seq: 0 or more")
+
+
 def history_limit(limit: int | None) -> int:
     """The page size of a ``history`` request: default 50, else 1-500 or ``bad_request``."""
     if limit is None:

@@ -154,6 +154,12 @@ class HistoryStore(ABC):
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` messages with ``seq > after_seq``, ascending (for replay)."""
 
+    async def recent_sends(self, since_ms: int, limit: int) -> list[Message]:
+        """The newest ``limit`` stored messages with a ``ref`` and ``ts >= since_ms``, oldest
+        first (read once at start, for idempotent sends). A store that keeps no such index
+        returns none."""
+        return []
+
     @abstractmethod
     async def flush(self) -> None:
         """Return once everything submitted so far is committed and reported."""

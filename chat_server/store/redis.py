@@ -4,7 +4,7 @@ With ``BROKER=redis`` this store replaces SQLite, on one Redis (a primary, with
 replicas if wanted; not Redis Cluster: the presence scripts touch keys of several
 rooms). Give it ``maxmemory-policy noeviction``: evicting a stream loses history
 (a lost ``seq`` key alone is recovered from its stream's last ID). Each room has
-three keys (the ``{room}`` hash tag keeps them in one slot):
+these keys (the ``{room}`` hash tag keeps them in one slot):
 
 ``chat:{room}:seq``
     the room's last ``seq``;
@@ -15,7 +15,12 @@ three keys (the ``{room}`` hash tag keeps them in one slot):
     ``[user, body, ts, ref]``;
 ``chat:{room}:commit:<writer>``
     the last batch this process committed to the room (``"<batch> <first seq>"``,
-    expiring after a day): it makes each batch run at most once (see Outages).
+    expiring after a day): it makes each batch run at most once (see Outages);
+``chat:{room}:ref:<user> <ref>``
+    a send with a ``ref``: ``"<body digest> <seq>"``, expiring after
+    ``SEND_REF_WINDOW_S``. The commit script answers a send with the same user,
+    room, ref and body by that ``seq`` and neither stores nor publishes it again, so
+    a retry is stored once whichever process takes it (idempotent sends).
 
 **One atomic step.** A batch from the group commit becomes one pipeline holding
 one ``EVALSHA`` per room; the script (:data:`COMMIT_SCRIPT`) numbers the
@@ -49,6 +54,7 @@ probe reconnects with backoff.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -109,16 +115,21 @@ TRANSIENT_ERRORS: Final = (
 )
 
 COMMIT_SCRIPT: Final = """
--- KEYS[1] the room's seq, KEYS[2] its stream, KEYS[3] this writer's commit marker
+-- KEYS[1] the room's seq, KEYS[2] its stream, KEYS[3] this writer's commit marker,
+-- KEYS[4] the prefix of the room's send-ref keys (idempotent sends)
 -- ARGV[1] the room's channel, ARGV[2] the batch number (rising with each batch of this
--- writer), ARGV[3] HISTORY_MAX (0: all), ARGV[4..] the messages as JSON arrays
--- [user, body, ts, ref]. Returns the first seq given to the messages.
+-- writer), ARGV[3] HISTORY_MAX (0: all), ARGV[4] SEND_REF_WINDOW_S (0: off),
+-- ARGV[5..4+n] the messages as JSON arrays [user, body, ts, ref], ARGV[5+n..4+2n] each
+-- message's send-ref ("<user> <ref>" and its body's digest, "" without a ref).
+-- Returns the answer "<first seq>[ <index>:<seq>...]": the new messages are numbered
+-- from the first seq in order; each listed index (0-based) repeats the send stored
+-- with that seq within the window and is not stored or published again.
 local marker = redis.call('GET', KEYS[3])
 if marker then
   -- this batch ran already (a retry after a lost reply): answer as it did, write nothing;
   -- an older batch arriving late must not run after a newer one did
-  local done, done_first = string.match(marker, '^(%d+) (%d+)$')
-  if tonumber(done) == tonumber(ARGV[2]) then return tonumber(done_first) end
+  local done, done_answer = string.match(marker, '^(%d+) (.+)$')
+  if tonumber(done) == tonumber(ARGV[2]) then return done_answer end
   if tonumber(done) > tonumber(ARGV[2]) then
     return redis.error_reply('STALE batch ' .. ARGV[2] .. ' arrived after batch ' .. done)
   end
@@ -132,22 +143,51 @@ if not last_seq and redis.call('EXISTS', KEYS[2]) == 1 then
   end
 end
 local first = tonumber(last_seq or '0') + 1
-local n = #ARGV - 3
+local n = (#ARGV - 4) / 2
+local window = tonumber(ARGV[4])
+local answer = {string.format('%d', first)}
+local fresh = {}
+local fresh_refs = {}
+for i = 1, n do
+  local send_ref = ARGV[4 + n + i]
+  local repeated = nil
+  if send_ref ~= '' and window > 0 then
+    local key, digest = string.match(send_ref, '^(.*) (%x+)$')
+    local stored = redis.call('GET', KEYS[4] .. key)
+    if stored then
+      local stored_digest, stored_seq = string.match(stored, '^(%x+) (%d+)$')
+      if stored_digest == digest then repeated = stored_seq end
+    end
+    if not repeated then fresh_refs[#fresh + 1] = {key, digest} end
+  end
+  if repeated then
+    answer[#answer + 1] = string.format('%d:%s', i - 1, repeated)
+  else
+    fresh[#fresh + 1] = ARGV[4 + i]
+  end
+end
 -- the first XADD fails (and the script stops) before anything is written if the
 -- stream is ahead of the seq key; the later ones cannot fail after it succeeded
-for i = 0, n - 1 do
-  redis.call('XADD', KEYS[2], string.format('%d-0', first + i), 'm', ARGV[4 + i])
+for i = 1, #fresh do
+  redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'm', fresh[i])
+  local send_ref = fresh_refs[i]
+  if send_ref then
+    redis.call('SET', KEYS[4] .. send_ref[1],
+      send_ref[2] .. ' ' .. string.format('%d', first + i - 1), 'EX', window)
+  end
 end
-local last = first + n - 1
+local reply = table.concat(answer, ' ')
+redis.call('SET', KEYS[3], ARGV[2] .. ' ' .. reply, 'EX', 86400)
+if #fresh == 0 then return reply end
+local last = first + #fresh - 1
 redis.call('SET', KEYS[1], string.format('%d', last))
 local keep = tonumber(ARGV[3])
 if keep > 0 and last > keep then
   redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', last - keep + 1))
 end
-redis.call('SET', KEYS[3], ARGV[2] .. ' ' .. string.format('%d', first), 'EX', 86400)
 redis.call('PUBLISH', ARGV[1],
-  'M' .. string.format('%d', first) .. ' [' .. table.concat(ARGV, ',', 4) .. ']')
-return first
+  'M' .. string.format('%d', first) .. ' [' .. table.concat(fresh, ',') .. ']')
+return reply
 """
 
 
@@ -173,6 +213,30 @@ def seq_key(room: str) -> str:
 def stream_key(room: str) -> str:
     """The stream holding ``room``'s messages."""
     return f"chat:{{{room}}}:log"
+
+
+def send_ref_prefix(room: str) -> str:
+    """The prefix of ``room``'s send-ref keys: ``<prefix><user> <ref>`` holds
+    ``"<body digest> <seq>"`` for ``SEND_REF_WINDOW_S`` (idempotent sends)."""
+    return f"chat:{{{room}}}:ref:"
+
+
+def _send_ref(message: Message) -> str:
+    """What the commit script keys a send with a ref by: ``"<user> <ref> <body digest>"``."""
+    if message.ref is None:
+        return ""
+    digest = hashlib.blake2b(message.body.encode(), digest_size=8).hexdigest()
+    return f"{message.user} {message.ref} {digest}"
+
+
+def _parse_answer(answer: bytes | str | int) -> tuple[int, dict[int, int]]:
+    """The commit script's answer: the first new seq, and the repeats' seqs by index."""
+    if isinstance(answer, int):
+        return answer, {}
+    first, *repeats = (answer.decode() if isinstance(answer, bytes) else answer).split(" ")
+    return int(first), {
+        int(index): int(seq) for index, seq in (repeat.split(":") for repeat in repeats)
+    }
 
 
 def commit_key(room: str, writer: str) -> str:
@@ -266,6 +330,7 @@ class RedisHistoryStore(LedgerStore):
         batch_max: int = 1000,
         history_max: int = 0,
         commit_seconds: PlainHistogram | None = None,
+        send_ref_window_s: float = 0,
     ) -> None:
         """Configure the store; nothing is connected until :meth:`start`.
 
@@ -282,6 +347,7 @@ class RedisHistoryStore(LedgerStore):
         self._queue_max = queue_max
         self._batch_max = batch_max
         self._history_max = str(history_max)
+        self._send_ref_window = str(round(send_ref_window_s))
         self._started = False
         self._sha = ""
         self._queue: deque[_Item] = deque()
@@ -383,10 +449,17 @@ class RedisHistoryStore(LedgerStore):
         failed: list[_Item] = []
         error: StoreError | None = None
         for (room, items), result in zip(groups, results, strict=True):
-            if isinstance(result, int):
+            if isinstance(result, tuple):
+                first, repeats = result
+                fresh = 0
                 for i, (message, _) in enumerate(items):
-                    message.seq = result + i
-                self._last_seq[room] = result + len(items) - 1
+                    if i in repeats:  # stored before (an idempotent send): its seq
+                        message.seq = repeats[i]
+                    else:
+                        message.seq = first + fresh
+                        fresh += 1
+                if fresh:
+                    self._last_seq[room] = first + fresh - 1
                 committed.extend(items)
             else:
                 failed.extend(items)
@@ -399,9 +472,9 @@ class RedisHistoryStore(LedgerStore):
 
     async def _run_scripts(
         self, groups: list[tuple[str, list[_Item]]], token: str
-    ) -> list[int | StoreError]:
+    ) -> list[tuple[int, dict[int, int]] | StoreError]:
         """One pipeline of commit scripts; loads the script again if Redis lost it."""
-        results: list[int | StoreError | None] = [None] * len(groups)
+        results: list[tuple[int, dict[int, int]] | StoreError | None] = [None] * len(groups)
         todo = list(range(len(groups)))
         for _ in range(2):
             pipe = self._client.pipeline(transaction=False)
@@ -409,14 +482,17 @@ class RedisHistoryStore(LedgerStore):
                 room, items = groups[index]
                 pipe.evalsha(
                     self._sha,
-                    3,
+                    4,
                     seq_key(room),
                     stream_key(room),
                     commit_key(room, self._writer_name),
+                    send_ref_prefix(room),
                     room_channel(room),
                     token,
                     self._history_max,
+                    self._send_ref_window,
                     *[_encode_entry(_entry(message)) for message, _ in items],
+                    *[_send_ref(message) for message, _ in items],
                 )
             replies = await pipe.execute(raise_on_error=False)
             missing = []
@@ -431,7 +507,7 @@ class RedisHistoryStore(LedgerStore):
                     log.error("history store: commit to %s failed: %s", groups[index][0], reply)
                     results[index] = StoreError(f"history store failed: {reply}")
                 else:
-                    results[index] = int(reply)
+                    results[index] = _parse_answer(reply)
             if not missing:
                 break
             # Redis restarted without the script: nothing of these ran; load it and retry

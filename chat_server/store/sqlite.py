@@ -727,6 +727,10 @@ class SqliteHistoryStore(LedgerStore):
 
         return await self._read(query)
 
+    async def recent_sends(self, since_ms: int, limit: int) -> list[Message]:
+        """The newest ``limit`` messages with a ``ref`` and ``ts >= since_ms``, oldest first."""
+        return await self._read(lambda conn: _recent_sends(conn, since_ms, limit))
+
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
         if limit <= 0:
@@ -736,6 +740,29 @@ class SqliteHistoryStore(LedgerStore):
             return _messages(room, conn.execute(_SELECT_AFTER, (room, after_seq, limit)).fetchall())
 
         return await self._read(query)
+
+
+def _recent_sends(conn: sqlite3.Connection, since_ms: int, limit: int) -> list[Message]:
+    """The newest ``limit`` messages with a ``ref`` and ``ts >= since_ms``, oldest first.
+
+    Each room's tail is read backwards by its primary key and stops at the first
+    message older than the window (``ts`` rises with ``seq`` within a room), so the
+    cost is the window's messages, not the table.
+    """
+    found: list[Message] = []
+    rooms = [room for (room,) in conn.execute("SELECT room FROM rooms")]
+    for room in rooms:
+        rows = conn.execute(
+            "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC",
+            (room,),
+        )
+        for seq, user, body, ts, ref in rows:
+            if ts < since_ms:
+                break
+            if ref is not None:
+                found.append(Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref))
+    found.sort(key=lambda message: message.ts)
+    return found[-limit:]
 
 
 def _messages(room: str, rows: list[tuple[int, str, str, int, str | None]]) -> list[Message]:

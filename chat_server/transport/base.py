@@ -16,11 +16,13 @@ report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import socket
-from collections.abc import Iterable
+import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
@@ -181,6 +183,8 @@ class Reply:
     status: HTTPStatus
     body: str
     content_type: str = "text/plain; charset=utf-8"
+    #: further headers (``Allow`` on a 405, ``WWW-Authenticate`` on a 401)
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +198,9 @@ class Admitted:
 class Admission:
     """Decides each HTTP request on the websocket port, the same way for every transport.
 
-    ``/healthz`` answers 200 and ``/stats`` the counters as JSON; any other path
+    Every resource here is GET only: another method is 405 with ``Allow: GET``.
+    ``/healthz`` answers 200 (with ``WORKERS`` > 1, 503 naming how many workers are
+    ready until all are) and ``/stats`` the counters as JSON; any other path
     but ``/ws`` is 404. An upgrade on ``/ws`` is refused with 503 while draining
     or past ``MAX_CONNECTIONS``, then with 401 for a missing or bad token (from
     ``Authorization: Bearer`` or ``?token=``), then with 400 when the client
@@ -214,17 +220,28 @@ class Admission:
         self.verifier = verifier
         self.subprotocol = codec.subprotocol
         self.outbound = outbound
+        #: WORKERS > 1: what keeps ``/healthz`` from 200 (workers not ready), else None
+        self.unready: Callable[[], str | None] = _ready
 
     def decide(
-        self, target: str, authorization: str | None, offered: Iterable[str]
+        self, target: str, authorization: str | None, offered: Iterable[str], method: str = "GET"
     ) -> Reply | Admitted:
         """Answer a request for ``target`` (path and query) with these headers' values.
 
         ``offered`` holds the values of every ``Sec-WebSocket-Protocol`` header,
-        each possibly a comma-separated list.
+        each possibly a comma-separated list; ``method`` is the request's.
         """
+        if method != "GET":
+            return Reply(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                "method not allowed: only GET is served here\n",
+                headers=(("Allow", "GET"),),
+            )
         url = urlsplit(target)
         if url.path == "/healthz":
+            unready = self.unready()
+            if unready is not None:
+                return Reply(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {unready}\n")
             return Reply(HTTPStatus.OK, "ok\n")
         if url.path == "/stats":
             body = json.dumps(self.stats_snapshot()) + "\n"
@@ -234,16 +251,21 @@ class Admission:
         if self.service.draining:
             return Reply(HTTPStatus.SERVICE_UNAVAILABLE, "server shutting down\n")
         if self.service.connections >= self.settings.max_connections:
-            return Reply(HTTPStatus.SERVICE_UNAVAILABLE, "too many connections (MAX_CONNECTIONS)\n")
+            return Reply(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "too many connections (MAX_CONNECTIONS, or the open-files limit)\n",
+            )
         token = _bearer_token(authorization) or _query_token(url.query)
         if token is None:
             return Reply(
-                HTTPStatus.UNAUTHORIZED, "missing token: send Authorization: Bearer <jwt>\n"
+                HTTPStatus.UNAUTHORIZED,
+                "missing token: send Authorization: Bearer <jwt>, or ?token=<jwt> from a browser\n",
+                headers=_BEARER_CHALLENGE,
             )
         try:
             user = self.verifier.verify(token)
         except InvalidToken as exc:
-            return Reply(HTTPStatus.UNAUTHORIZED, f"{exc}\n")
+            return Reply(HTTPStatus.UNAUTHORIZED, f"{exc}\n", headers=_INVALID_TOKEN_CHALLENGE)
         protocols = [p.strip() for value in offered for p in value.split(",") if p.strip()]
         if protocols and self.subprotocol not in protocols:
             return Reply(
@@ -273,6 +295,45 @@ class Admission:
             "slow_consumer_closes": self.outbound.slow_consumer_closes,
             "store": dataclasses.asdict(service.store.stats()),
         }
+
+
+#: RFC 6750's challenge on a 401: no token, or a token refused
+_BEARER_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab"'),)
+_INVALID_TOKEN_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="chatlab", error="invalid_token"'),)
+
+
+def _ready() -> None:
+    """One process: ready whenever it answers."""
+    return
+
+
+#: SO_LINGER on with a zero timeout: close() resets the connection and frees its buffers
+_LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+def bound_send_buffer(transport: Any, size_bytes: int) -> None:
+    """Bound the kernel's send buffer of a connection (``SOCKET_SEND_BUFFER_BYTES``; 0: leave it).
+
+    Without it Linux grows a loopback send buffer to megabytes for a peer that does
+    not read, before the transport's own buffer (``MAX_OUTBOUND_BYTES``) even fills.
+    """
+    sock = transport.get_extra_info("socket")
+    if size_bytes and sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size_bytes)
+
+
+def reset_on_abort(transport: Any) -> None:
+    """Make the transport's coming ``abort()`` a TCP reset.
+
+    A plain close of a socket whose peer stopped reading leaves it in FIN-WAIT-1
+    holding its unsent bytes (kernel memory RSS does not show) for as long as the
+    peer keeps its window shut; a reset frees them at once.
+    """
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
 
 
 def _bearer_token(authorization: str | None) -> str | None:

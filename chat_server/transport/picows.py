@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from picows import (
@@ -59,7 +60,10 @@ from chat_server.transport.base import (
     CLOSE_TRY_AGAIN_LATER,
     WORKER_HEADER,
     Admitted,
+    Reply,
     ServerTransport,
+    bound_send_buffer,
+    reset_on_abort,
 )
 
 if TYPE_CHECKING:
@@ -119,6 +123,7 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         self._write = transport.send
         self.tcp = tcp = transport.underlying_transport
         tcp.set_write_buffer_limits(high=owner.paced_high_water_bytes)
+        bound_send_buffer(tcp, owner.settings.socket_send_buffer_bytes)
         owner.peers.add(self)
         self.session = owner.service.open(self.user, self.send, self.send_paced, self.close)
         if owner.ping_interval_s:
@@ -332,6 +337,7 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         """Drop the connection now, without (or without finishing) a closing handshake."""
         self._drop = None
         if self.tcp is not None:
+            reset_on_abort(self.tcp)
             self.tcp.abort()
 
 
@@ -371,7 +377,26 @@ class PicowsTransport(ServerTransport):
             enable_auto_ping=False,  # ours closes with 1011, as the contract says
             enable_auto_pong=True,
             max_frame_size=self.settings.max_frame_bytes,
+            start_serving=False,
         )
+        gate_methods(self._server, self._refuse_method)
+        await self._server.start_serving()
+
+    def _refuse_method(self, method: str, target: str) -> bytes:
+        """The HTTP answer (405, as Admission decides it) to a request that is not a GET."""
+        reply = self.admission.decide(target, None, (), method)
+        assert isinstance(reply, Reply)
+        body = reply.body.encode()
+        headers = {
+            **self._headers,
+            "Content-Type": reply.content_type,
+            "Content-Length": str(len(body)),
+            "Connection": "close",
+            **dict(reply.headers),
+        }
+        head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        status = f"HTTP/1.1 {reply.status.value} {reply.status.phrase}\r\n"
+        return (status + head + "\r\n").encode("latin-1") + body
 
     @property
     def port(self) -> int:
@@ -418,6 +443,7 @@ class PicowsTransport(ServerTransport):
             request.path.decode("latin-1"),
             headers.get("Authorization"),
             headers.getall("Sec-WebSocket-Protocol", ()),
+            request.method.decode("latin-1"),
         )
         if isinstance(decision, Admitted):
             extra = self._headers
@@ -427,7 +453,7 @@ class PicowsTransport(ServerTransport):
                 WSUpgradeResponse.create_101_response(extra),
                 PicowsPeer(self, decision.user),
             )
-        extra = {**self._headers, "Content-Type": decision.content_type}
+        extra = {**self._headers, "Content-Type": decision.content_type, **dict(decision.headers)}
         body = decision.body.encode()
         response = (
             WSUpgradeResponse.create_ok_response(body, extra)
@@ -435,3 +461,71 @@ class PicowsTransport(ServerTransport):
             else WSUpgradeResponse.create_error_response(decision.status, body, extra)
         )
         return WSUpgradeResponseWithListener(response, None)
+
+
+class MethodGate(asyncio.Protocol):
+    """A connection's first bytes, before picows sees them: a GET goes on to picows'
+    protocol (which then owns the transport, so this is off the per-frame path); any
+    other method gets ``refuse``'s answer (405), not picows' 400 without ``Allow``.
+
+    After the answer the write side is shut and what the client still sends (a
+    body) is read and dropped until it closes or ``HANDSHAKE_TIMEOUT_S`` passes, so
+    the answer is not lost to a TCP reset.
+    """
+
+    def __init__(
+        self, websocket: asyncio.BufferedProtocol, refuse: Callable[[str, str], bytes]
+    ) -> None:
+        self._websocket = websocket
+        self._refuse = refuse
+        self._head = b""
+        self._transport: asyncio.Transport | None = None
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        head = self._head = self._head + data
+        if len(head) < 4 and b" " not in head:
+            return
+        transport = self._transport
+        assert transport is not None
+        if head.startswith(b"GET "):
+            websocket = self._websocket
+            transport.set_protocol(websocket)
+            websocket.connection_made(transport)
+            while head:
+                buffer = websocket.get_buffer(len(head))
+                n = min(len(buffer), len(head))
+                buffer[:n] = head[:n]
+                websocket.buffer_updated(n)
+                head = head[n:]
+            return
+        if b"\n" not in head and len(head) < 8192:
+            return  # wait for the whole request line
+        line = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+        self._refused = True
+        transport.write(self._refuse(line[0], line[1] if len(line) > 1 else "/"))
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, transport.close)
+
+    def eof_received(self) -> bool:
+        if self._transport is not None:
+            self._transport.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+
+
+def gate_methods(server: Any, refuse: Callable[[str, str], bytes]) -> None:
+    """Put a :class:`MethodGate` in front of each connection of a picows server not serving yet."""
+    make_websocket = server._protocol_factory
+
+    def gated() -> MethodGate:
+        return MethodGate(make_websocket(), refuse)
+
+    server._protocol_factory = gated

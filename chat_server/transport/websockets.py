@@ -11,7 +11,9 @@ dropped if it does not finish the closing handshake within ``CLOSE_TIMEOUT_S``.
 Nobody else waits for it. Replays use :meth:`WebsocketsPeer.send_paced`, which
 waits for the client to read instead.
 
-Every HTTP response, the websocket handshake's included, carries
+A request with another method than GET gets 405 with ``Allow: GET``, also when
+it has a body (which websockets' own parser refuses without a word: see
+:class:`AnyMethodProtocol`). Every HTTP response, the websocket handshake's included, carries
 ``X-Chatlab-Worker: <pid>``, so a client (or a test) can tell which of several
 ``WORKERS`` served it. With ``WORKERS`` > 1 the listening socket is the one the
 supervisor bound and handed down (see :mod:`chat_server.supervisor`).
@@ -21,13 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Generator
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidMessage
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
-from websockets.http11 import Request, Response
-from websockets.protocol import OPEN, State
+from websockets.http11 import Request, Response, parse_headers, parse_line
+from websockets.protocol import CONNECTING, OPEN, State
+from websockets.server import ServerProtocol
 
 from chat_server.settings import Settings
 from chat_server.transport.base import (
@@ -39,6 +43,8 @@ from chat_server.transport.base import (
     Reply,
     ServerTransport,
     WriteCoalescer,
+    bound_send_buffer,
+    reset_on_abort,
 )
 
 # websockets logs every connection's open and close at INFO: one line per connection
@@ -172,7 +178,60 @@ class WebsocketsPeer:
 
     def _drop_if_open(self) -> None:
         if self._protocol.state is not State.CLOSED:
+            reset_on_abort(self._transport)
             self._transport.abort()
+
+
+class AnyMethodProtocol(ServerProtocol):
+    """websockets' server protocol, except that a request whose method is not GET reaches
+    ``process_request`` even with a body, so it is answered (405) instead of dropped.
+
+    A GET request goes through websockets' own parser unchanged. Another method's
+    request line and headers are parsed here; its body is discarded until the answer
+    (sent by the handshake, as for any refused request) ends the connection.
+    """
+
+    def parse(self) -> Generator[None]:
+        reader = self.reader
+        if self.state is CONNECTING:
+            while len(reader.buffer) < 4 and not reader.eof:
+                yield
+            if reader.buffer[:4] != b"GET ":
+                yield from self._parse_other_method()
+                return
+        yield from super().parse()
+
+    def _parse_other_method(self) -> Generator[None]:
+        reader = self.reader
+        try:
+            line = yield from parse_line(reader.read_line, ValueError)
+            method, path, protocol = line.decode("ascii").split(" ", 2)
+            if protocol not in ("HTTP/1.1", "HTTP/1.0"):
+                raise ValueError(f"unsupported protocol {protocol[:16]!r}")
+            headers = yield from parse_headers(reader.read_line)
+        except Exception as exc:  # websockets' own parse refuses any bad head this way
+            self.handshake_exc = InvalidMessage("did not receive a valid HTTP request")
+            self.handshake_exc.__cause__ = exc
+            self.send_eof()
+            self.parser = self.discard()
+            next(self.parser)
+            yield
+            return
+        self.events.append(Request(path, headers, method, protocol))
+        # the body: dropped until the handshake's answer replaces this parser
+        while not (yield from reader.at_eof()):
+            reader.discard()
+        yield
+
+
+class ChatConnection(ServerConnection):
+    """A websockets server connection whose protocol is :class:`AnyMethodProtocol`."""
+
+    def __init__(self, protocol: ServerProtocol, *args: Any, **kwargs: Any) -> None:
+        protocol.__class__ = AnyMethodProtocol
+        protocol.parser = protocol.parse()  # no data was received yet: restart the parser
+        next(protocol.parser)
+        super().__init__(protocol, *args, **kwargs)
 
 
 class WebsocketsTransport(ServerTransport):
@@ -186,6 +245,7 @@ class WebsocketsTransport(ServerTransport):
         self._server = await serve(
             self._handler,
             **self.listen_on(),
+            create_connection=ChatConnection,
             process_request=self._process_request,
             process_response=self._process_response,
             select_subprotocol=self._select_subprotocol,
@@ -218,8 +278,20 @@ class WebsocketsTransport(ServerTransport):
         """
         self.coalescer.flush()
         if self._server is not None:
+            # websockets aborts a connection whose closing handshake is not done in
+            # CLOSE_TIMEOUT_S: make those aborts resets (see reset_on_abort)
+            reset_later = asyncio.get_running_loop().call_later(
+                self.settings.close_timeout_s * 0.9, self._reset_unclosed
+            )
             self._server.close(close_connections=True, code=code, reason=reason)
             await self._server.wait_closed()
+            reset_later.cancel()
+
+    def _reset_unclosed(self) -> None:
+        assert self._server is not None
+        for connection in self._server.connections:
+            if connection.protocol.state is not State.CLOSED:
+                reset_on_abort(connection.transport)
 
     # ---- handshake -------------------------------------------------------------------
 
@@ -228,6 +300,7 @@ class WebsocketsTransport(ServerTransport):
             request.path,
             request.headers.get("Authorization"),
             request.headers.get_all("Sec-WebSocket-Protocol"),
+            request.method,
         )
         if isinstance(decision, Admitted):
             connection.chat_user = decision.user  # type: ignore[attr-defined]
@@ -254,6 +327,7 @@ class WebsocketsTransport(ServerTransport):
 
     async def _handler(self, connection: ServerConnection) -> None:
         s = self.settings
+        bound_send_buffer(connection.transport, s.socket_send_buffer_bytes)
         peer = WebsocketsPeer(
             connection,
             binary=self.codec.binary,
@@ -307,4 +381,6 @@ def _respond(connection: ServerConnection, reply: Reply) -> Response:
     if reply.content_type != response.headers["Content-Type"]:
         del response.headers["Content-Type"]  # Headers append on assignment
         response.headers["Content-Type"] = reply.content_type
+    for name, value in reply.headers:
+        response.headers[name] = value
     return response

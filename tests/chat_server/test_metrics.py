@@ -143,7 +143,7 @@ async def _connect_until_both_workers(
     clients: list[tuple[Client, int]] = []
     while len({pid for _, pid in clients}) < 2:
         assert len(clients) < 200, "every connection landed on the same worker"
-        client = await Client.connect(server, keys.mint(f"u{len(clients)}"))
+        client = await Client.connect(server, keys.mint(f"user{len(clients)}"))
         await client.expect(Welcome)
         clients.append((client, int(client.conn.response.headers[WORKER_HEADER])))
         await asyncio.sleep(0.02)
@@ -163,11 +163,11 @@ async def test_two_workers_metrics_are_summed_on_one_port_and_survive_a_killed_w
     bob_joined = await bob.join("m")
     alice_inbox, bob_inbox = Inbox(alice), Inbox(bob)
     await alice_inbox.wait_for(
-        lambda: Presence(room="m", user=f"u{b}", event="join") in alice_inbox.frames
+        lambda: Presence(room="m", user=f"user{b}", event="join") in alice_inbox.frames
     )
-    if "u0" not in bob_joined.members:
+    if "user0" not in bob_joined.members:
         await bob_inbox.wait_for(
-            lambda: Presence(room="m", user="u0", event="join") in bob_inbox.frames
+            lambda: Presence(room="m", user="user0", event="join") in bob_inbox.frames
         )
     for i in range(10):
         await alice.say("m", f"a{i}", ref=f"a{i}")

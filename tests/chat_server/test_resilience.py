@@ -21,7 +21,7 @@ async def _history_seqs(server: ServerProcess, keys: KeyPair, room: str) -> list
 
 async def test_acked_messages_survive_sigkill(start_server, keys: KeyPair, tmp_path):
     server = start_server(event_loop="uvloop", rate_limit_per_s=100000, rate_limit_burst=100000)
-    senders = [await Client.connect(server, keys.mint(f"u{i}")) for i in range(4)]
+    senders = [await Client.connect(server, keys.mint(f"user{i}")) for i in range(4)]
     for client in senders:
         await client.expect(Welcome)
         await client.join("durable")
@@ -224,6 +224,9 @@ async def test_replay_is_paced_by_the_reader_and_never_trips_1013(start_server, 
     server = start_server(
         event_loop="asyncio",
         max_outbound_bytes=8192,
+        # the writer reads its own 6 MB of echoes only after sending: the kernel's own
+        # (autotuned) send buffer holds them, as MAX_OUTBOUND_BYTES is tiny here
+        socket_send_buffer_bytes=0,
         rate_limit_per_s=100000,
         rate_limit_burst=100000,
     )

@@ -9,12 +9,15 @@ socket), real websocket clients that learn their worker from the handshake's
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -382,3 +385,49 @@ async def test_subscribers_dropped_by_redis_resubscribe_and_fill_what_they_misse
     assert admin.pubsub_numsub("chat:{dropped}") == [(b"chat:{dropped}", 2)]
     admin.close()
     assert server.stop() == 0, server.log()
+
+
+def _healthz(server: ServerProcess) -> tuple[int, str]:
+    """``GET /healthz``: its status and body, whichever worker answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+async def test_healthz_is_200_only_while_every_worker_serves(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    server = start_workers(start_server, redis_server)
+    assert _healthz(server)[0] == 200  # both ready: start_server waited for it
+    survivor, victim = server.worker_pids()
+    os.kill(victim, signal.SIGKILL)
+    answers: list[tuple[int, str]] = []
+    deadline = time.monotonic() + 30
+    # 503 naming the count from when the supervisor notices (within 0.2 s) until the
+    # replacement serves, then 200 again
+    while not (any(status == 503 for status, _ in answers) and answers[-1][0] == 200):
+        assert time.monotonic() < deadline, f"/healthz never said 503: {answers[-3:]}"
+        answers.append(await asyncio.to_thread(_healthz, server))
+        await asyncio.sleep(0.02)
+    unready = [body for status, body in answers if status == 503]
+    assert "1 of 2 workers ready" in unready[0]
+    # the replacement takes connections as soon as it is ready
+    (replacement,) = set(server.worker_pids()) - {survivor}
+    client, pid = await connect_to(server, keys, "newcomer", on=replacement)
+    assert pid == replacement
+    await client.close()
+
+
+async def test_a_burst_of_connections_spreads_over_the_workers(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    server = start_workers(start_server, redis_server)
+    clients = await asyncio.gather(
+        *(Client.connect(server, keys.mint(f"burst{i}")) for i in range(40))
+    )
+    pids = collections.Counter(int(c.conn.response.headers[WORKER_HEADER]) for c in clients)
+    assert set(pids) == set(server.worker_pids()), pids
+    for client in clients:
+        await client.close()

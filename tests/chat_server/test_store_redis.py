@@ -96,15 +96,18 @@ async def test_a_batch_runs_at_most_once_whatever_reaches_redis_again(
     store, _ = await open_store()
     client = connect_redis(redis_server.url)
     script = client.register_script(COMMIT_SCRIPT)
-    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9"]
+    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9", "chat:{r}:ref:"]
 
     async def run(batch: int, *bodies: str) -> Any:
         entries = [f'["u","{body}",1,null]' for body in bodies]
-        return await script(keys=keys, args=["chat:{r}", str(batch), "0", *entries])
+        send_refs = [""] * len(bodies)
+        return await script(
+            keys=keys, args=["chat:{r}", str(batch), "0", "0", *entries, *send_refs]
+        )
 
-    assert await run(1, "a", "b") == 1
-    assert await run(2, "c") == 3
-    assert await run(2, "c") == 3  # the same batch sent again (its reply was lost): no-op
+    assert await run(1, "a", "b") == b"1"
+    assert await run(2, "c") == b"3"
+    assert await run(2, "c") == b"3"  # the same batch sent again (its reply was lost): no-op
     with pytest.raises(ResponseError, match="STALE"):
         await run(1, "a", "b")  # an old batch arriving late does not run
     assert [m.body for m in await store.after("r", 0, 10)] == ["a", "b", "c"]
@@ -131,3 +134,34 @@ async def test_redis_away_refuses_sends_and_an_in_doubt_batch_commits_once_it_is
     store.submit(make_message(ref="next"), None)  # accepting again
     await store.flush()
     assert results[-1].items[0][0].seq == 2
+
+
+async def test_a_repeated_ref_is_stored_once_across_stores(open_store: StoreFactory):
+    first, first_results = await open_store(send_ref_window_s=60)
+    second, second_results = await open_store(send_ref_window_s=60)  # another worker
+    first.submit(make_message(body="hello", ref="c-1"), "original")
+    await first.flush()
+    # the same send through another process (a retry after a reconnect), in a batch with
+    # a new message, and the same ref with another body (a new message too)
+    second.submit(make_message(body="hello", ref="c-1"), "retry")
+    second.submit(make_message(body="new", ref="c-2"), "new")
+    second.submit(make_message(body="other body", ref="c-1"), "reused ref")
+    await second.flush()
+    seqs = {ctx: m.seq for r in first_results + second_results for m, ctx in r.items}
+    assert seqs == {"original": 1, "retry": 1, "new": 2, "reused ref": 3}
+    stored = await first.after("lobby", 0, 10)
+    assert [(m.seq, m.body) for m in stored] == [(1, "hello"), (2, "new"), (3, "other body")]
+    # the reused ref now names the newer body; a send without ref is never a repeat
+    second.submit(make_message(body="other body", ref="c-1"), "again")
+    second.submit(make_message(body="hello"), "no ref")
+    await second.flush()
+    seqs = {ctx: m.seq for r in second_results for m, ctx in r.items}
+    assert (seqs["again"], seqs["no ref"]) == (3, 4)
+
+
+async def test_without_a_window_refs_are_not_keys(open_store: StoreFactory):
+    store, results = await open_store()
+    for _ in range(2):
+        store.submit(make_message(body="hello", ref="c-1"), None)
+    await store.flush()
+    assert [m.seq for r in results for m, _ in r.items] == [1, 2]

@@ -1,0 +1,92 @@
+"""Token claims held to the contract once a token verifies, and tokens kept out of logs
+(plain values, no server)."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from chat_server.auth import InvalidToken, TokenVerifier, key_id
+from chat_server.log_redaction import RedactTokens, redact
+from tests.support import AUDIENCE, ISSUER, KeyPair
+
+
+@pytest.fixture
+def verifier(keys: KeyPair) -> TokenVerifier:
+    public_key = keys.private_key.public_key()
+    return TokenVerifier(public_key, "EdDSA", ISSUER, AUDIENCE, kid=key_id(public_key))
+
+
+def test_a_well_formed_token_gives_its_user(verifier: TokenVerifier, keys: KeyPair):
+    assert verifier.verify(keys.mint("alice.b-2_x")) == "alice.b-2_x"
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"exp": "9999999999"},
+        {"iat": "1"},
+        {"nbf": "1"},
+        {"exp": True},
+        {"sub": "ali\nce <script>"},
+        {"sub": "al"},
+        {"sub": "x" * 33},
+        {"sub": 42},
+    ],
+    ids=repr,
+)
+def test_loose_claims_are_refused(verifier: TokenVerifier, keys: KeyPair, claims: dict):
+    sub = claims.pop("sub", "alice")
+    with pytest.raises(InvalidToken):
+        verifier.verify(keys.mint(sub, **claims))
+
+
+def test_kid_must_name_the_configured_key(verifier: TokenVerifier, keys: KeyPair):
+    import jwt
+
+    token = keys.mint("alice")
+    assert jwt.get_unverified_header(token)["kid"] == keys.kid
+    claims = jwt.decode(token, options={"verify_signature": False})
+    other_kid = jwt.encode(claims, keys.private_key, algorithm="EdDSA", headers={"kid": "other"})
+    with pytest.raises(InvalidToken, match="kid"):
+        verifier.verify(other_kid)
+    no_kid = jwt.encode(claims, keys.private_key, algorithm="EdDSA")
+    assert verifier.verify(no_kid) == "alice"
+
+
+def test_redaction_leaves_no_usable_token(keys: KeyPair):
+    token = keys.mint("alice")
+    lines = [
+        f"< GET /ws?token={token} HTTP/1.1",
+        f"< Authorization: Bearer {token}",
+        f"/ws?room=x&token={token}&y=1",
+        f"bad token {token[:40]}",
+    ]
+    for line in lines:
+        redacted = redact(line)
+        assert token not in redacted and token[:40] not in redacted
+        assert "[redacted]" in redacted
+    assert redact("GET /healthz HTTP/1.1") == "GET /healthz HTTP/1.1"
+
+
+def test_redaction_filter_covers_args_and_exceptions(keys: KeyPair):
+    token = keys.mint("alice")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactTokens())
+    logger = logging.getLogger("tests.redaction")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("< %s %s", "GET", f"/ws?token={token}")
+        try:
+            raise ValueError(f"Authorization: Bearer {token}")
+        except ValueError:
+            logger.exception("handshake failed")
+    finally:
+        logger.removeHandler(handler)
+    text = stream.getvalue()
+    assert "GET /ws?token=[redacted]" in text and "ValueError" in text
+    assert token.split(".")[1] not in text
