@@ -165,6 +165,52 @@ class WriteCoalescer:
         return wire
 
 
+class CoalescedPeer:
+    """The write side of a connection, as both transports share it: frames queued per
+    loop iteration for the :class:`WriteCoalescer`, bounded by ``MAX_OUTBOUND_BYTES``.
+
+    Subclasses hold ``_coalescer``, ``_out`` (None while nothing waits), ``_out_bytes``
+    and ``_room``, and say how much may still be queued (:meth:`_room_now`) and how
+    the queued frames are written (:meth:`flush`).
+    """
+
+    __slots__ = ()
+    _coalescer: WriteCoalescer
+    _out: list[bytes] | None
+    _out_bytes: int
+    _room: int
+
+    def _room_now(self) -> int | None:
+        """Bytes that may still be queued before the bound (None: not writable now)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Write the frames queued in one write; close 1013 past the bound."""
+        raise NotImplementedError
+
+    def send(self, frame: bytes) -> None:
+        """Queue one frame for this iteration's write (see :meth:`flush`).
+
+        Frames queued count toward ``MAX_OUTBOUND_BYTES`` with what the transport
+        already buffers: once they would pass it, they are written at once, so the
+        1013 close comes after the same frame as without coalescing.
+        """
+        out = self._out
+        if out is not None:
+            out.append(frame)
+            self._out_bytes += len(frame)
+        else:
+            room = self._room_now()
+            if room is None:
+                return
+            self._out = [frame]
+            self._out_bytes = len(frame)
+            self._room = room
+            self._coalescer.mark(self)
+        if self._out_bytes > self._room:
+            self.flush()
+
+
 class OutboundStats:
     """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""
 

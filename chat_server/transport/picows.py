@@ -60,6 +60,7 @@ from chat_server.transport.base import (
     CLOSE_TRY_AGAIN_LATER,
     WORKER_HEADER,
     Admitted,
+    CoalescedPeer,
     Reply,
     ServerTransport,
     bound_send_buffer,
@@ -85,7 +86,7 @@ CLOSE = WSMsgType.CLOSE
 PONG = WSMsgType.PONG
 
 
-class PicowsPeer(WSListener):  # type: ignore[misc]
+class PicowsPeer(CoalescedPeer, WSListener):  # type: ignore[misc]
     """One connection: its frames to the service, the service's frames out, with accounting."""
 
     def __init__(self, owner: PicowsTransport, user: str) -> None:
@@ -172,27 +173,10 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
 
     # ---- the service's side -------------------------------------------------------------
 
-    def send(self, frame: bytes) -> None:
-        """Queue one frame for this iteration's write (see :meth:`flush`).
-
-        Frames queued count toward ``MAX_OUTBOUND_BYTES`` with what the transport
-        already buffers: once they would pass it, they are written at once, so the
-        1013 close comes after the same frame as without coalescing.
-        """
-        out = self._out
-        if out is not None:
-            out.append(frame)
-            self._out_bytes += len(frame)
-        elif not self.closing and self.tcp is not None:
-            self._out = [frame]
-            self._out_bytes = len(frame)
-            self._room = self.owner.max_outbound_bytes - self.tcp.get_write_buffer_size()
-            self._coalescer.mark(self)
-        else:
-            return
-        if self._out_bytes > self._room:
-            self.flush()
-            self._check_outbound()
+    def _room_now(self) -> int | None:
+        if self.closing or self.tcp is None:
+            return None
+        return self.owner.max_outbound_bytes - self.tcp.get_write_buffer_size()
 
     def flush(self) -> None:
         """Write the frames queued in one write; close 1013 when the buffer passes the bound."""
@@ -204,8 +188,7 @@ class PicowsPeer(WSListener):  # type: ignore[misc]
         # so frames stay in order
         self.tcp.write(b"".join([framed(frame) for frame in frames]))
         self._stats.frames_out += len(frames)
-        if self.paused:
-            self._check_outbound()
+        self._check_outbound()
 
     async def send_paced(self, frame: bytes) -> None:
         """Write one frame and wait until the client has read enough (replay pacing)."""

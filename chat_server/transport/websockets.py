@@ -39,6 +39,7 @@ from chat_server.transport.base import (
     CLOSE_TRY_AGAIN_LATER,
     WORKER_HEADER,
     Admitted,
+    CoalescedPeer,
     OutboundStats,
     Reply,
     ServerTransport,
@@ -52,7 +53,7 @@ from chat_server.transport.base import (
 ws_log = logging.getLogger("chat_server.transport.websockets")
 
 
-class WebsocketsPeer:
+class WebsocketsPeer(CoalescedPeer):
     """One connection's write side: frames coalesced per loop iteration, outbound accounting.
 
     :meth:`send` only appends to the connection's list; the transport's
@@ -107,26 +108,10 @@ class WebsocketsPeer:
         # its transport is closing: writing there makes asyncio log a warning per frame
         return self._protocol.state is OPEN and not self._transport.is_closing()
 
-    def send(self, frame: bytes) -> None:
-        """Queue one frame for this iteration's write (see :meth:`flush`).
-
-        Frames queued count toward ``MAX_OUTBOUND_BYTES`` with what the transport
-        already buffers: once they would pass it, they are written at once, so the
-        1013 close comes after the same frame as without coalescing.
-        """
-        out = self._out
-        if out is not None:
-            out.append(frame)
-            self._out_bytes += len(frame)
-        elif self._writable():
-            self._out = [frame]
-            self._out_bytes = len(frame)
-            self._room = self._max - self._transport.get_write_buffer_size()
-            self._coalescer.mark(self)
-        else:
-            return
-        if self._out_bytes > self._room:
-            self.flush()
+    def _room_now(self) -> int | None:
+        if not self._writable():
+            return None
+        return self._max - self._transport.get_write_buffer_size()
 
     def flush(self) -> None:
         """Write the frames queued in one write; close 1013 when the buffer passes the bound."""
