@@ -27,6 +27,16 @@ replace acks). Timeline points are seconds since the driver started, or since
 ``--t0-monotonic`` (a caller's ``time.monotonic()``), which also sets each step's
 ``started_s`` on that clock.
 
+With ``--retry`` (chat only) every send carries a ``ref``: its 19 scheduled-time
+digits, unique over the run. A send answered ``unavailable`` is sent again after
+:data:`RETRY_AFTER_S` with the same ``ref``, body and scheduled time, and a connection
+the server dropped is opened again and sends again everything it had not seen acked,
+as a careful client does (the server answers a repeat of a stored send with its
+original ack: nothing is stored twice). Each step counts them in ``retries``
+(``after_unavailable``, ``after_reconnect``, ``reconnects``). It is off by default:
+a ``ref`` makes each send an idempotency lookup on the server, part of what a
+capacity figure would then measure.
+
 A step is ``generator_limited`` when the driver used more than 90 % of one core
 during its send phase, when more than 1 % of its sends left more than 5 ms late,
 when one left more than 50 ms late, or when it waited, runnable, for its core more
@@ -83,6 +93,10 @@ MARKER = b"~ts="
 DIGITS = 19
 #: the shortest body: the marker and the digits
 MIN_BODY_CHARS = len(MARKER) + DIGITS
+#: where a send's ref goes (--retry): replaced by the send's scheduled-time digits
+REF_PLACEHOLDER = b"9" * DIGITS
+#: --retry: how long after an ``unavailable`` a send goes again
+RETRY_AFTER_S = 0.2
 _MARKER_LEN, _MARKER_END = len(MARKER), len(MARKER) + DIGITS
 
 #: HDR histogram range and precision, microseconds
@@ -143,6 +157,7 @@ class DriverConfig:
     event_loop: str
     connect_timeout_s: float
     t0_monotonic: float | None = None
+    retry: bool = False
 
 
 def load_tokens(path: Path) -> tuple[str, ...]:
@@ -245,6 +260,12 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         help="the caller's time.monotonic() at its start: timeline t_s and each step's "
         "started_s count from it [the driver's own start; started_s left empty]",
     )
+    parser.add_argument(
+        "--retry",
+        action="store_true",
+        help="chat: sends carry a ref; resend after unavailable, reopen and resend after a "
+        "dropped connection [off]",
+    )
     parser.add_argument("--log-level", default="warning", help="logging level [warning]")
     args = parser.parse_args(argv)
 
@@ -298,6 +319,7 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         json_out=args.json_out,
         cores=cores,
         event_loop=args.event_loop,
+        retry=args.retry and target == "chat",
         connect_timeout_s=args.connect_timeout_s,
         t0_monotonic=args.t0_monotonic,
     )
@@ -306,17 +328,27 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
 # ---- frames -------------------------------------------------------------------------------
 
 
-def send_frame(codec: Codec, room: str, body_chars: int) -> tuple[bytearray, slice]:
-    """One ``send`` frame for ``room``, encoded by ``codec``, and where its time digits are.
+def send_frame(
+    codec: Codec, room: str, body_chars: int, with_ref: bool = False
+) -> tuple[bytearray, slice, slice | None]:
+    """One ``send`` frame for ``room``, encoded by ``codec``; where its time digits are,
+    and (``with_ref``) where its ``ref``'s are.
 
-    The digits are zeros; writing 19 other digits there gives the frame the codec
-    would encode for that time (same length, so protobuf lengths stay right).
+    The digits are placeholders; writing 19 digits in each place gives the frame the
+    codec would encode for that time and ref (same length, so protobuf lengths stay
+    right).
     """
     body = MARKER.decode() + "0" * DIGITS + "x" * (body_chars - MIN_BODY_CHARS)
-    frame = bytearray(codec.encode_client(Send(room=room, body=body)))
+    ref = REF_PLACEHOLDER.decode() if with_ref else None
+    frame = bytearray(codec.encode_client(Send(room=room, body=body, ref=ref)))
     start = frame.find(MARKER) + len(MARKER)
     assert start >= len(MARKER) and frame[start : start + DIGITS] == b"0" * DIGITS, frame
-    return frame, slice(start, start + DIGITS)
+    ref_digits = None
+    if with_ref:
+        at = frame.find(REF_PLACEHOLDER)
+        assert at >= 0, frame
+        ref_digits = slice(at, at + DIGITS)
+    return frame, slice(start, start + DIGITS), ref_digits
 
 
 def decode_frame(codec: Codec, payload: bytes) -> ServerMessage:
@@ -536,6 +568,7 @@ class StepRecorder:
         self.max_lag_ns = 0
         self.delivered = 0
         self.errors: Counter[str] = Counter()
+        self.retries: Counter[str] = Counter()  # --retry: what was sent again, and why
         self.latency = LatencyHistogram()
         self.point_latency = LatencyHistogram()  # since the last timeline point
         self.ack_latency = LatencyHistogram()
@@ -575,6 +608,7 @@ class StepRecorder:
             latency_ms=self.latency.percentiles_ms(),
             errors=sum(n for k, n in self.errors.items() if k != "after_drain"),
             error_detail=dict(self.errors),
+            retries=dict(self.retries),
             late_sends=self.late_sends,
             max_send_lag_ms=round(max_lag_ms, 3),
             generator_cpu_percent=(
@@ -629,6 +663,7 @@ class Connection(WSListener):  # type: ignore[misc]
         "record_ack",
         "record_digits",
         "record_received_ns",
+        "ref_digits",
         "seen",
         "send",
         "transport",
@@ -636,7 +671,14 @@ class Connection(WSListener):  # type: ignore[misc]
     )
 
     def __init__(
-        self, driver: Driver, index: int, members: int, frame: bytearray, digits: slice
+        self,
+        driver: Driver,
+        index: int,
+        members: int,
+        frame: bytearray,
+        digits: slice,
+        *,
+        ref_digits: slice | None = None,
     ) -> None:
         super().__init__()
         self.driver = driver
@@ -644,6 +686,7 @@ class Connection(WSListener):  # type: ignore[misc]
         self.members = members
         self.frame = frame
         self.digits = digits
+        self.ref_digits = ref_digits
         self.record_digits = driver.delivery_digits.extend
         self.record_received_ns = driver.delivery_received_ns.append
         self.record_ack = driver.ack_us.append
@@ -706,8 +749,10 @@ class Connection(WSListener):  # type: ignore[misc]
         if kind == "error":
             if self.ack_sent_ns:
                 self.ack_sent_ns.popleft()  # the send it answers will get no ack
-            self.last_error = self.driver.error_code(payload)
+            self.last_error, ref = self.driver.error_of(payload)
             self.driver.count_error(self.last_error)
+            if self.last_error == "unavailable" and ref and self.ref_digits is not None:
+                self.driver.retry_later(self.index, int(ref))
         elif kind not in ("welcome", "joined"):
             self.driver.count_error(f"unexpected {kind}")
         self._wake()
@@ -777,6 +822,11 @@ class Driver:
         self.finished: list[tuple[StepRecorder, Step]] = []
         self.next_connection = 0
         self.timer: WakeTimer  # made in run(): it needs the running loop
+        # --retry: the connection now serving each index, sends to repeat (when, index,
+        # scheduled time), and the reopenings under way
+        self.by_index: dict[int, Connection] = {}
+        self.retries_due: deque[tuple[int, int, int]] = deque()
+        self._reopening: set[asyncio.Task[None]] = set()
 
     # connections ---------------------------------------------------------------------------
 
@@ -790,8 +840,8 @@ class Driver:
     async def _open(self, index: int, gate: asyncio.Semaphore) -> Connection:
         config = self.config
         room, members = self._room(index)
-        frame, digits = send_frame(self.codec, room, config.body_chars)
-        conn = Connection(self, index, members, frame, digits)
+        frame, digits, ref_digits = send_frame(self.codec, room, config.body_chars, config.retry)
+        conn = Connection(self, index, members, frame, digits, ref_digits=ref_digits)
         url = config.url
         headers: dict[str, str] = {}
         if config.target == "relay":
@@ -834,13 +884,75 @@ class Driver:
             await self.close_all()
             raise SetupError(f"{len(failures)} of {len(opened)} failed; first: {failures[0]}")
         self.open_connections = list(self.connections)
+        self.by_index = {c.index: c for c in self.connections}
 
     def connection_lost(self, conn: Connection) -> None:
-        """picows: ``conn`` is gone; unless we are closing, that is an error."""
+        """picows: ``conn`` is gone; unless we are closing, that is an error (and with
+        ``--retry`` the connection is opened again)."""
         if conn in self.open_connections:
             self.open_connections = [c for c in self.open_connections if c is not conn]
         if not self.closing and self.current is not None:
             self.count_error(f"closed {conn.close_code or 'abnormally'}")
+        if self.config.retry and not self.closing and self.by_index.get(conn.index) is conn:
+            task = asyncio.ensure_future(self._reopen(conn))
+            self._reopening.add(task)
+            task.add_done_callback(self._reopening.discard)
+
+    # --retry ------------------------------------------------------------------------------
+
+    def retry_later(self, index: int, scheduled_ns: int) -> None:
+        """Send connection ``index``'s send of ``scheduled_ns`` again after RETRY_AFTER_S."""
+        self.retries_due.append((perf_counter_ns() + int(RETRY_AFTER_S * 1e9), index, scheduled_ns))
+
+    def resend(self, conn: Connection, scheduled_ns: int, why: str) -> None:
+        """Send again, with its ref and scheduled time, a send not acked."""
+        assert conn.ref_digits is not None
+        frame = conn.frame
+        digits = b"%019d" % scheduled_ns
+        frame[conn.digits] = digits
+        frame[conn.ref_digits] = digits
+        conn.send(self.msg_type, frame)
+        conn.ack_sent_ns.append(scheduled_ns)
+        if self.current is not None:
+            self.current.retries[why] += 1
+
+    async def retry_loop(self) -> None:
+        """Every 50 ms, send again what ``unavailable`` answered (on the index's open
+        connection; later if it is being reopened)."""
+        while True:
+            await asyncio.sleep(0.05)
+            now = perf_counter_ns()
+            due = self.retries_due
+            for _ in range(len(due)):
+                if due[0][0] > now:
+                    break
+                _, index, scheduled_ns = due.popleft()
+                conn = self.by_index.get(index)
+                if conn is not None and conn in self.open_connections:
+                    self.resend(conn, scheduled_ns, "after_unavailable")
+                else:
+                    due.append((now + int(RETRY_AFTER_S * 1e9), index, scheduled_ns))
+
+    async def _reopen(self, old: Connection) -> None:
+        """Open connection ``old.index`` again (until closing) and resend what it had
+        not seen acked."""
+        gate = asyncio.Semaphore(1)
+        while not self.closing:
+            try:
+                conn = await self._open(old.index, gate)
+                break
+            except SetupError:
+                await asyncio.sleep(0.2)
+        else:
+            return
+        self.by_index[old.index] = conn
+        self.connections.append(conn)
+        self.open_connections = [*self.open_connections, conn]
+        if self.current is not None:
+            self.current.retries["reconnects"] += 1
+        pending, old.ack_sent_ns = list(old.ack_sent_ns), deque()
+        for scheduled_ns in pending:
+            self.resend(conn, scheduled_ns, "after_reconnect")
 
     async def close_all(self) -> None:
         """Close every connection (1000), waiting at most :data:`CLOSE_TIMEOUT_S`."""
@@ -865,10 +977,15 @@ class Driver:
 
     def error_code(self, payload: bytes) -> str:
         """The ``code`` of an error frame."""
+        return self.error_of(payload)[0]
+
+    def error_of(self, payload: bytes) -> tuple[str, str | None]:
+        """The ``code`` and ``ref`` of an error frame."""
         try:
-            return str(getattr(decode_frame(self.codec, payload), "code", "error"))
+            error = decode_frame(self.codec, payload)
         except Exception:  # an undecodable error frame is still an error
-            return "undecodable error"
+            return "undecodable error", None
+        return str(getattr(error, "code", "error")), getattr(error, "ref", None)
 
     def _count_after_drain(self, scheduled_ns: np.ndarray) -> None:
         """Deliveries scheduled before the current step: after their own step's drain."""
@@ -913,7 +1030,10 @@ class Driver:
                     self.count_error("send_buffer_full")
                 else:
                     frame = conn.frame
-                    frame[conn.digits] = b"%019d" % due
+                    digits = b"%019d" % due
+                    frame[conn.digits] = digits
+                    if conn.ref_digits is not None:
+                        frame[conn.ref_digits] = digits
                     conn.send(msg_type, frame)
                     conn.ack_sent_ns.append(due)
                     sent += 1
@@ -1026,10 +1146,15 @@ class Driver:
             self.timer.close()
             return EXIT_CONNECT_FAILED
         log.info("%d connections open", len(self.connections))
+        retrying = asyncio.ensure_future(self.retry_loop()) if self.config.retry else None
         try:
             await self._run_steps()
         finally:
             self.current = None
+            if retrying is not None:
+                retrying.cancel()
+            for task in list(self._reopening):
+                task.cancel()
             await self.close_all()
             self.timer.close()
         return EXIT_OK

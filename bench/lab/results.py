@@ -63,6 +63,8 @@ class Step:
     latency_ms: dict[str, float]  # keys: PERCENTILES
     errors: int = 0  # error frames, failed connections, unexpected closes
     error_detail: dict[str, int] = field(default_factory=dict)
+    # fast driver --retry: sends made again (after_unavailable, after_reconnect), reconnects
+    retries: dict[str, int] = field(default_factory=dict)
     late_sends: int = 0  # sends that left more than 1 ms after their scheduled time
     max_send_lag_ms: float = 0.0
     generator_cpu_percent: float | None = None  # mean over the step, of one core

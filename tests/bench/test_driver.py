@@ -149,6 +149,59 @@ def test_driver_delivers_every_frame_to_the_whole_room_of_a_chat_server(
         assert 0 < step.ack_latency_ms["p50"] <= step.ack_latency_ms["max"]
 
 
+def test_with_retry_a_killed_server_is_reconnected_and_nothing_is_stored_twice(
+    start_server: Callable[..., ServerProcess], keys: KeyPair, tmp_path: Path
+) -> None:
+    server = start_server(rate_limit_per_s=1000, rate_limit_burst=1000, log_level="warning")
+    token_file = tmp_path / "tokens"
+    token_file.write_text("\n".join(keys.mint(f"lab{i}") for i in range(10)) + "\n")
+    out = tmp_path / "steps.json"
+    driver = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bench.lab.driver", "--target", "chat", "--retry"),
+            *("--url", server.url, "--token-file", str(token_file), "--connections", "20"),
+            *("--rates", "200", "--step-s", "5", "--warmup-s", "0.5", "--drain-s", "3"),
+            *("--json-out", str(out)),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)  # connected, warmed up, sending
+    server.kill()  # kill -9: sends in flight are answered by nobody
+    time.sleep(0.3)
+    server.start()  # same port, same database
+    _, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 0, stderr
+    (step,) = [Step.from_dict(s) for s in json.loads(out.read_text())]
+    assert step.retries.get("reconnects") == 20, step.retries
+    stored: list[str] = []
+    for room in ("lab-0", "lab-1"):
+        before = None
+        while True:
+            page = asyncio.run(_history_page(server, keys, room, before))
+            if not page:
+                break
+            stored += [m.ref or "" for m in page]
+            before = page[0].seq
+    assert stored and all(stored)
+    assert len(stored) == len(set(stored))  # every send (and resend) stored once
+
+
+async def _history_page(server: ServerProcess, keys: KeyPair, room: str, before: int | None):
+    from chat_server.messages import History, HistoryRequest, Welcome
+    from tests.support import Client
+
+    client = await Client.connect(server, keys.mint("reader"))
+    try:
+        await client.expect(Welcome)
+        await client.send(HistoryRequest(room=room, before=before, limit=500))
+        return (await client.expect(History)).messages
+    finally:
+        await client.close()
+
+
 def test_error_frames_and_closes_count_as_errors(
     start_server: Callable[..., ServerProcess], keys: KeyPair, tmp_path: Path
 ) -> None:
@@ -203,10 +256,17 @@ def test_connections_that_cannot_open_exit_1(tmp_path: Path) -> None:
 @pytest.mark.parametrize("serializer", ["json", "orjson", "protobuf"])
 def test_a_spliced_frame_is_what_the_codec_encodes_for_that_time(serializer: str) -> None:
     codec = get_codec(serializer)
-    frame, digits = send_frame(codec, "lab-12", body_chars=40)
+    frame, digits, ref_digits = send_frame(codec, "lab-12", body_chars=40)
+    assert ref_digits is None
     frame[digits] = b"%019d" % 1234567890123
     body = MARKER.decode() + f"{1234567890123:019d}" + "x" * (40 - len(MARKER) - DIGITS)
     assert bytes(frame) == codec.encode_client(Send(room="lab-12", body=body))
+    # --retry: the ref carries the same digits
+    frame, digits, ref_digits = send_frame(codec, "lab-12", body_chars=40, with_ref=True)
+    assert ref_digits is not None
+    frame[digits] = frame[ref_digits] = b"%019d" % 1234567890123
+    sent = Send(room="lab-12", body=body, ref=f"{1234567890123:019d}")
+    assert bytes(frame) == codec.encode_client(sent)
 
 
 def test_latencies_added_in_bulk_count_as_if_recorded_one_by_one() -> None:
