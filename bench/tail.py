@@ -25,13 +25,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from bench.harness import KeyPair, ServerProcess, free_port
+from bench.lab.runner import scrape_metrics
 
 #: a pause or lateness above this (s) is a tail event
 TAIL_BOUND_S = 0.01
@@ -39,15 +37,12 @@ SCRAPE_EVERY_S = 0.5
 
 
 def scrape(port: int) -> dict[str, float]:
-    """Every sample of the server's /metrics, buckets included, as ``name{labels}: value``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}"] = sample.value
-    return samples
+    """Every sample of the server's /metrics, buckets included, as ``name{labels}: value``
+    (a family without labels as ``name{}``)."""
+    return {
+        name if "{" in name else f"{name}{{}}": value
+        for name, value in scrape_metrics(port, buckets=True).items()
+    }
 
 
 def above(samples: dict[str, float], family: str, bound_s: float, labels: str = "") -> float:
