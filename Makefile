@@ -1,7 +1,7 @@
 # chatlab: `make demo` runs the main job, `make test` the tests; both set up first.
 PY := .venv/bin/python
 
-.PHONY: setup demo lab talk test lint format bench microbench proto memory auth-bench loadtest relay clean
+.PHONY: setup demo lab talk test lint format bench microbench proto memory auth-bench loadtest loadtest-services relay clean
 
 setup:
 	@scripts/setup.sh
@@ -54,6 +54,11 @@ auth-bench: setup
 # ARGS has --headless), e.g. make loadtest ARGS="--headless --load-profile smoke"
 loadtest: setup
 	$(PY) -m locust -f loadtest/chat.py $(ARGS)
+
+# both services for a load test from one address (the auth service's per-address limits
+# off), until Ctrl-C; then, in another terminal: make loadtest ARGS="--headless --load-profile smoke"
+loadtest-services: setup
+	@scripts/loadtest-services.sh
 
 # a relay that does the least work, to measure the load generator (loadtest/README.md)
 relay: setup

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The auth service and the chat server, as a load test from one address needs them:
+# the auth service's per-address login and register limits off (Locust's users all
+# come from 127.0.0.1), everything else as configured (.env, environment). Runs until
+# Ctrl-C, then stops both. Usage: scripts/loadtest-services.sh  (or make loadtest-services)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+LOGIN_RATE_PER_CLIENT_PER_MIN=0 REGISTER_RATE_PER_CLIENT_PER_MIN=0 $PY -m auth_service &
+auth=$!
+chat=""
+trap 'kill $auth $chat 2>/dev/null || true; wait' EXIT INT TERM
+# the chat server reads the public key the auth service writes at its first start
+$PY - <<'PYEOF'
+import sys, time, urllib.request
+deadline = time.monotonic() + 30
+while True:
+    try:
+        urllib.request.urlopen("http://127.0.0.1:8001/healthz", timeout=1)
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit("loadtest-services: the auth service did not answer /healthz")
+        time.sleep(0.1)
+PYEOF
+$PY -m chat_server &
+chat=$!
+echo "loadtest-services: auth service on :8001 (login/register limits per address off), chat server on :8000; Ctrl-C stops both" >&2
+wait
