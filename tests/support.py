@@ -10,7 +10,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from bench.harness import AUDIENCE, ISSUER, ROOT, KeyPair, RedisProcess, ServerProcess, free_port
 from chat_server.codecs import get_codec
 from chat_server.messages import (
+    Ack,
     ClientMessage,
+    Error,
     HistoryRequest,
     Join,
     Leave,
@@ -27,9 +29,19 @@ __all__ = [
     "RedisProcess",
     "ServerProcess",
     "free_port",
+    "note_answer",
     "opens_chat",
     "stored_history",
 ]
+
+
+def note_answer(frame: Any, acked: dict[str, int], refused: dict[str, str]) -> None:
+    """Record a send's answer by its ref: an ack's ``seq`` in ``acked``, an error's code in
+    ``refused``; other frames are ignored."""
+    if isinstance(frame, Ack):
+        acked[frame.ref or ""] = frame.seq
+    elif isinstance(frame, Error):
+        refused[frame.ref or ""] = frame.code
 
 
 class Client:

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 from chat_server.messages import Ack, Error, Message, Presence, Welcome
 from chat_server.store.redis import connect_redis, read_range
-from tests.support import Client, KeyPair, ServerProcess, stored_history
+from tests.support import Client, KeyPair, ServerProcess, note_answer, stored_history
 
 NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}
 ROOM = "retry"
@@ -85,11 +85,7 @@ async def _fault_then_retry(
     async def collect() -> None:
         try:
             while True:
-                frame = await alice.recv(timeout_s=30)
-                if isinstance(frame, Ack):
-                    acked[frame.ref or ""] = frame.seq
-                elif isinstance(frame, Error):
-                    refused[frame.ref or ""] = frame.code
+                note_answer(await alice.recv(timeout_s=30), acked, refused)
         except (ConnectionClosed, TimeoutError):
             return
 
