@@ -34,10 +34,13 @@ const state = {
   user: null,
   welcomed: false,
   loggingOut: false,
+  closing: false, // the page is going away: no reconnect
   attempts: 0,
   reconnectTimer: null,
   refs: 0,
   current: null,
+  wanted: null, // the room the person asked to join: shown once joined
+  pending: new Map(), // room -> the since its join was sent with (null: none)
   rooms: new Map(), // room -> { lastSeq, members: Set, list: <ol>, seen: Set, replayUntil, firstSeq, older }
 };
 
@@ -133,11 +136,11 @@ async function signIn(register) {
   const password = $("password").value;
   if (register) {
     const made = await authPost("/register", username, password);
-    if (!made.ok) return logError(made.code, made.detail, "register");
+    if (!made.ok) return logError(made.code, made.detail, `register ${username}`);
     logEvent(`registered ${username}`);
   }
   const login = await authPost("/login", username, password);
-  if (!login.ok) return logError(login.code, login.detail, "login");
+  if (!login.ok) return logError(login.code, login.detail, `log in ${username}`);
   $("password").value = "";
   sessionStorage.setItem(KEYS.token, login.body.access_token);
   sessionStorage.setItem(KEYS.user, username);
@@ -196,7 +199,7 @@ function connect() {
     if (state.ws !== ws) return;
     state.ws = null;
     setSending(false);
-    if (state.loggingOut) return;
+    if (state.loggingOut || state.closing) return;
     const delay = RECONNECT_DELAYS_MS[Math.min(state.attempts, RECONNECT_DELAYS_MS.length - 1)];
     state.attempts += 1;
     setConnection("reconnecting", "reconnecting");
@@ -267,19 +270,18 @@ function roomState(name) {
 function joinRoom(name, since) {
   const frame = { type: "join", room: name };
   if (typeof since === "number") frame.since = since;
-  const room = roomState(name);
-  room.pendingSince = typeof since === "number" ? since : null;
-  sendFrame(frame);
+  if (sendFrame(frame)) state.pending.set(name, typeof since === "number" ? since : null);
 }
 
 function onJoined(message) {
+  const since = state.pending.has(message.room) ? state.pending.get(message.room) : null;
+  state.pending.delete(message.room);
   const room = roomState(message.room);
   room.members = new Set(message.members);
-  const since = room.pendingSince;
   // with since, every message up to last_seq that follows is a replay of what we missed
   room.replayUntil = since === null ? 0 : message.last_seq;
   if (room.lastSeq === null) room.lastSeq = since === null ? message.last_seq : since;
-  if (state.current === null || !state.rooms.has(state.current)) state.current = message.room;
+  if (state.wanted === message.room || !state.rooms.has(state.current)) state.current = message.room;
   saveRooms();
   if (room.seen.size === 0) {
     // an empty view (a fresh join, or a reload): the page before what replays, as context
@@ -458,13 +460,29 @@ async function start() {
     event.preventDefault();
     const name = $("room-name").value.trim();
     if (!name) return;
-    state.current = name;
-    if (state.rooms.has(name)) return renderRoom();
+    state.wanted = name;
+    if (state.rooms.has(name)) {
+      state.current = name;
+      renderRoomList();
+      return renderRoom();
+    }
+    logEvent(`joining ${name}`);
     joinRoom(name, null);
   });
   $("send-form").addEventListener("submit", (event) => {
     event.preventDefault();
     sendMessage();
+  });
+  // leaving the page closes the connection at once (the others see us leave); a page
+  // brought back from the back/forward cache connects again and catches up with since
+  window.addEventListener("pagehide", () => {
+    if (!state.ws) return;
+    state.closing = true;
+    state.ws.close(1000, "page closed");
+  });
+  window.addEventListener("pageshow", (event) => {
+    state.closing = false;
+    if (event.persisted && !state.ws) connect();
   });
   $("older").addEventListener("click", olderMessages);
   $("leave").addEventListener("click", leaveRoom);
