@@ -95,7 +95,7 @@ async def serve(settings: Settings, keyring: Keyring) -> int:
         await passwords.start()
         api = build_api(settings, passwords, users, keyring)
         config = uvicorn.Config(
-            create_app(api),
+            create_app(api, settings.cors_origins),
             host=settings.host,
             port=settings.port,
             lifespan="off",

@@ -26,6 +26,8 @@ from typing import Any, Final
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -39,6 +41,7 @@ from auth_service.errors import (
     Unavailable,
     UsernameTaken,
 )
+from auth_service.metrics import AuthMetrics, MeasuredPasswords, RequestMetrics
 from auth_service.passwords import InlinePasswords, PasswordPool
 from auth_service.ratelimit import TokenBuckets
 from auth_service.settings import Settings
@@ -53,6 +56,8 @@ USERNAME_RULE: Final = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 PASSWORD_MIN_CHARS: Final = 8
 PASSWORD_MAX_CHARS: Final = 256
 _INVALID_CREDENTIALS: Final = "unknown username or wrong password"
+#: the API's paths (and the ``route`` label values of its metrics)
+ROUTES: Final = ("/register", "/login", "/.well-known/jwks.json", "/healthz", "/metrics")
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ class AuthAPI:
         tokens: TokenIssuer,
         limits: Limits,
     ) -> None:
-        self.passwords = passwords
+        self.metrics = AuthMetrics(ROUTES)
+        self.passwords = MeasuredPasswords(passwords, self.metrics)
         self.users = users
         self.tokens = tokens
         self.limits = limits
@@ -192,20 +198,39 @@ def build_api(
     return AuthAPI(passwords, users, tokens, Limits.from_settings(settings))
 
 
-def create_app(api: AuthAPI) -> Starlette:
-    """The Starlette application serving ``api`` with the contract's error bodies."""
+def create_app(api: AuthAPI, cors_origins: tuple[str, ...] = ()) -> Starlette:
+    """The Starlette application serving ``api`` with the contract's error bodies.
+
+    Every answer is counted in ``api.metrics`` (``GET /metrics``). Browsers on the
+    ``cors_origins`` (the chat server's web page) may call the API across origins:
+    Starlette's CORS middleware answers their preflights and marks the answers.
+    """
     routes = [
         Route("/register", api.register, methods=["POST"]),
         Route("/login", api.login, methods=["POST"]),
         Route("/.well-known/jwks.json", api.jwks, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
+        Route("/metrics", api.metrics.endpoint, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {
         AuthError: _auth_error,
         HTTPException: _http_error,
         Exception: _internal_error,
     }
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = [Middleware(RequestMetrics, metrics=api.metrics)]
+    if cors_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Content-Type"],
+                # the page reads Retry-After from a 429 or 503
+                expose_headers=["Retry-After"],
+                max_age=600,
+            )
+        )
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
 
 
 # ---- helpers ---------------------------------------------------------------------------

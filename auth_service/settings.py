@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 import argon2
 
@@ -56,9 +57,27 @@ def _rate(raw: str) -> float:
         raise ValueError("allowed: a number >= 0 (0: no limit)") from None
 
 
+def _origins(raw: str) -> tuple[str, ...]:
+    """Comma-separated origins (``scheme://host[:port]``, no path); empty: none."""
+    origins = tuple(part.strip().rstrip("/") for part in raw.split(",") if part.strip())
+    for origin in origins:
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path:
+            raise ValueError(
+                "allowed: comma-separated origins such as http://127.0.0.1:8000 (no path)"
+            )
+    return origins
+
+
 SPECS: tuple[Spec, ...] = (
     Spec("AUTH_HOST", "host", "127.0.0.1", text, "address the auth service listens on"),
-    Spec("AUTH_PORT", "port", "8001", integer(1, 65535), "port of the HTTP API"),
+    Spec(
+        "AUTH_PORT",
+        "port",
+        "8001",
+        integer(1, 65535),
+        "port of the HTTP API (and of GET /metrics, Prometheus)",
+    ),
     Spec("AUTH_DB", "auth_db", "data/auth.sqlite3", text, "SQLite file holding the users"),
     Spec(
         "JWT_PRIVATE_KEY",
@@ -169,6 +188,13 @@ SPECS: tuple[Spec, ...] = (
         "usernames or addresses tracked per limit; past it the least recent is forgotten",
     ),
     Spec(
+        "AUTH_CORS_ORIGINS",
+        "cors_origins",
+        "http://127.0.0.1:8000,http://localhost:8000",
+        _origins,
+        "origins whose pages may call the API from a browser (CORS), comma-separated",
+    ),
+    Spec(
         "EVENT_LOOP",
         "event_loop",
         "uvloop",
@@ -212,6 +238,7 @@ class Settings(SpecSettings):
     register_rate_per_client_per_min: float
     register_burst_per_client: int
     rate_limit_keys_max: int
+    cors_origins: tuple[str, ...]
     event_loop: str
     log_level: str
 

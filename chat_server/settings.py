@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
+from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
 
@@ -122,6 +123,17 @@ def parse_core_list(raw: str) -> tuple[int, ...] | None:
     if not cores <= set(usable):
         raise ValueError(allowed)
     return tuple(sorted(cores))
+
+
+def http_url(raw: str) -> str:
+    """An absolute ``http://`` or ``https://`` URL with a host (a trailing ``/`` dropped)."""
+    value = raw.strip().rstrip("/")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            "allowed: an absolute http:// or https:// URL such as http://127.0.0.1:8001"
+        )
+    return value
 
 
 def _redis_url(raw: str) -> str:
@@ -398,6 +410,13 @@ SPECS: tuple[Spec, ...] = (
         "Prometheus metrics on CHAT_HOST:METRICS_PORT/metrics (0: off)",
     ),
     Spec(
+        "AUTH_PUBLIC_URL",
+        "auth_public_url",
+        "http://127.0.0.1:8001",
+        http_url,
+        "the auth service as the web page at GET / reaches it (register, log in)",
+    ),
+    Spec(
         "MAX_FRAME_BYTES",
         "max_frame_bytes",
         "65536",
@@ -569,6 +588,7 @@ class Settings(SpecSettings):
     profile_dir: str
     profile_run: str
     metrics_port: int
+    auth_public_url: str
     max_frame_bytes: int
     max_body_chars: int
     max_protocol_errors: int

@@ -33,6 +33,7 @@ from websockets.frames import Frame, Opcode
 from chat_server.auth import InvalidToken, TokenVerifier
 from chat_server.codecs.base import Codec
 from chat_server.settings import Settings
+from chat_server.web import WebSite
 
 if TYPE_CHECKING:
     from chat_server.service import ChatService
@@ -246,11 +247,12 @@ class Admission:
 
     Every resource here is GET only: another method is 405 with ``Allow: GET``.
     ``/healthz`` answers 200 (with ``WORKERS`` > 1, 503 naming how many workers are
-    ready until all are) and ``/stats`` the counters as JSON; any other path
-    but ``/ws`` is 404. An upgrade on ``/ws`` is refused with 503 while draining
-    or past ``MAX_CONNECTIONS``, then with 401 for a missing or bad token (from
-    ``Authorization: Bearer`` or ``?token=``), then with 400 when the client
-    offers subprotocols and none is the codec's: 401 is decided before 400.
+    ready until all are), ``/stats`` the counters as JSON, ``/`` and its files the
+    web chat page (:mod:`chat_server.web`); any other path but ``/ws`` is 404. An
+    upgrade on ``/ws`` is refused with 503 while draining or past ``MAX_CONNECTIONS``,
+    then with 401 for a missing or bad token (from ``Authorization: Bearer`` or
+    ``?token=``), then with 400 when the client offers subprotocols and none is the
+    codec's: 401 is decided before 400.
     """
 
     def __init__(
@@ -268,6 +270,8 @@ class Admission:
         self.outbound = outbound
         #: WORKERS > 1: what keeps ``/healthz`` from 200 (workers not ready), else None
         self.unready: Callable[[], str | None] = _ready
+        #: the web chat page's files (``GET /`` and what it loads)
+        self.site = WebSite(settings.auth_public_url, codec.subprotocol)
 
     def decide(
         self, target: str, authorization: str | None, offered: Iterable[str], method: str = "GET"
@@ -292,6 +296,9 @@ class Admission:
         if url.path == "/stats":
             body = json.dumps(self.stats_snapshot()) + "\n"
             return Reply(HTTPStatus.OK, body, "application/json")
+        page = self.site.answer(url.path)
+        if page is not None:
+            return Reply(HTTPStatus.OK, page.body, page.content_type, page.headers)
         if url.path != WS_PATH:
             return Reply(HTTPStatus.NOT_FOUND, f"not found: the websocket is {WS_PATH}\n")
         if self.service.draining:

@@ -50,7 +50,8 @@ def test_healthz_stats_and_other_paths(admission: Admission):
     stats = admission.decide("/stats", None, [])
     assert isinstance(stats, Reply) and stats.content_type == "application/json"
     assert json.loads(stats.body)["max_outbound_bytes"] == 1048576
-    assert _status(admission.decide("/", None, [])) == HTTPStatus.NOT_FOUND
+    assert _status(admission.decide("/nothing-here", None, [])) == HTTPStatus.NOT_FOUND
+    assert _status(admission.decide("/", None, [])) == HTTPStatus.OK  # the web page
 
 
 def test_token_comes_from_the_bearer_header_or_the_query(admission: Admission, keys: KeyPair):

@@ -1,0 +1,514 @@
+// chatlab's web chat page: the contract of docs/protocol.md, spoken from a browser.
+//
+// Rules this file keeps:
+// - every string that comes from a user or a server (names, bodies, rooms, error
+//   details) reaches the page through textContent, never as HTML;
+// - the token and each joined room's last seen seq live in sessionStorage, so a reload
+//   or a dropped connection joins again with `since` and gets what it missed (shown
+//   marked "replayed");
+// - nothing is loaded from anywhere but this server and the auth service (config.json
+//   says where that is).
+"use strict";
+
+const KEYS = { token: "chatlab.token", user: "chatlab.user", rooms: "chatlab.rooms", current: "chatlab.current" };
+const HISTORY_PAGE = 20;
+const RECONNECT_DELAYS_MS = [500, 1000, 2000, 4000, 8000];
+
+const ERROR_HINTS = {
+  rate_limited: "sending too fast: wait a moment",
+  unsupported: "the server did not understand this kind of frame",
+  bad_request: "the server refused the request",
+  invalid_room: "room names are 1 to 64 of A-Z a-z 0-9 _ . -",
+  too_large: "the message is too long",
+  not_in_room: "join the room first",
+  unavailable: "the server cannot take this now: try again",
+  internal: "the server failed",
+  invalid_credentials: "unknown user name or wrong password",
+  username_taken: "that user name is taken",
+  network: "the auth service cannot be reached",
+};
+
+const state = {
+  config: null,
+  ws: null,
+  user: null,
+  welcomed: false,
+  loggingOut: false,
+  closing: false, // the page is going away: no reconnect
+  attempts: 0,
+  reconnectTimer: null,
+  refs: 0,
+  current: null,
+  wanted: null, // the room the person asked to join: shown once joined
+  pending: new Map(), // room -> the since its join was sent with (null: none)
+  rooms: new Map(), // room -> { lastSeq, members: Set, list: <ol>, seen: Set, replayUntil, firstSeq, older }
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = String(text);
+  return node;
+}
+
+// ---- sessionStorage -----------------------------------------------------------------
+
+function savedRooms() {
+  try {
+    const rooms = JSON.parse(sessionStorage.getItem(KEYS.rooms) || "{}");
+    return rooms && typeof rooms === "object" ? rooms : {};
+  } catch (_) {
+    return {};
+  }
+}
+
+function saveRooms() {
+  const rooms = {};
+  for (const [name, room] of state.rooms) rooms[name] = room.lastSeq;
+  sessionStorage.setItem(KEYS.rooms, JSON.stringify(rooms));
+  if (state.current) sessionStorage.setItem(KEYS.current, state.current);
+}
+
+function tokenExpired(token) {
+  try {
+    const payload = JSON.parse(atob(token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
+    return typeof payload.exp === "number" && payload.exp * 1000 <= Date.now();
+  } catch (_) {
+    return true;
+  }
+}
+
+// ---- the event log --------------------------------------------------------------------
+
+function logEvent(text) {
+  const item = el("li", "event", `${new Date().toLocaleTimeString()} ${text}`);
+  $("events").prepend(item);
+}
+
+function logError(code, detail, context) {
+  const item = el("li", "error");
+  item.dataset.code = code;
+  item.append(el("span", "time", `${new Date().toLocaleTimeString()} `));
+  item.append(el("span", "code", code));
+  const hint = ERROR_HINTS[code];
+  let text = hint ? `: ${hint}` : "";
+  if (detail) text += ` (${detail})`;
+  if (context) text += ` [${context}]`;
+  item.append(el("span", "detail", text));
+  $("events").prepend(item);
+}
+
+function setConnection(label, kind) {
+  const badge = $("connection");
+  badge.textContent = label;
+  badge.dataset.state = kind;
+}
+
+// ---- auth service -----------------------------------------------------------------------
+
+async function authPost(path, username, password) {
+  let response;
+  try {
+    response = await fetch(state.config.auth_url + path, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ username, password }),
+    });
+  } catch (exc) {
+    return { ok: false, code: "network", detail: String(exc) };
+  }
+  let body = {};
+  try {
+    body = await response.json();
+  } catch (_) {
+    body = {};
+  }
+  if (response.ok) return { ok: true, body };
+  const retry = response.headers.get("Retry-After");
+  const detail = (body.detail || `HTTP ${response.status}`) + (retry ? `; retry after ${retry} s` : "");
+  return { ok: false, code: body.error || `http_${response.status}`, detail };
+}
+
+async function signIn(register) {
+  const username = $("username").value.trim();
+  const password = $("password").value;
+  if (register) {
+    const made = await authPost("/register", username, password);
+    if (!made.ok) return logError(made.code, made.detail, `register ${username}`);
+    logEvent(`registered ${username}`);
+  }
+  const login = await authPost("/login", username, password);
+  if (!login.ok) return logError(login.code, login.detail, `log in ${username}`);
+  $("password").value = "";
+  sessionStorage.setItem(KEYS.token, login.body.access_token);
+  sessionStorage.setItem(KEYS.user, username);
+  showChat();
+  connect();
+}
+
+function logOut(reason) {
+  state.loggingOut = true;
+  clearTimeout(state.reconnectTimer);
+  if (state.ws) state.ws.close(1000, "log out");
+  for (const key of Object.values(KEYS)) sessionStorage.removeItem(key);
+  state.rooms.clear();
+  state.current = null;
+  $("rooms").replaceChildren();
+  $("members").replaceChildren();
+  $("messages").replaceChildren();
+  $("whoami").textContent = "";
+  $("logout").hidden = true;
+  $("chat-panel").hidden = true;
+  $("login-panel").hidden = false;
+  setConnection("offline", "offline");
+  if (reason) logEvent(reason);
+  renderRoom();
+}
+
+function showChat() {
+  $("login-panel").hidden = true;
+  $("chat-panel").hidden = false;
+  $("logout").hidden = false;
+}
+
+// ---- the websocket -----------------------------------------------------------------------
+
+function connect() {
+  const token = sessionStorage.getItem(KEYS.token);
+  if (!token) return;
+  if (tokenExpired(token)) return logOut("your session expired: log in again");
+  state.loggingOut = false;
+  state.welcomed = false;
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const url = `${scheme}//${location.host}/ws?token=${encodeURIComponent(token)}`;
+  setConnection(state.attempts ? "reconnecting" : "connecting", "reconnecting");
+  const ws = new WebSocket(url, state.config.subprotocol);
+  state.ws = ws;
+  ws.onmessage = (event) => {
+    let message;
+    try {
+      message = JSON.parse(event.data);
+    } catch (_) {
+      return logError("bad_frame", "a frame that is not JSON");
+    }
+    handle(message);
+  };
+  ws.onclose = (event) => {
+    if (state.ws !== ws) return;
+    state.ws = null;
+    setSending(false);
+    if (state.loggingOut || state.closing) return;
+    const delay = RECONNECT_DELAYS_MS[Math.min(state.attempts, RECONNECT_DELAYS_MS.length - 1)];
+    state.attempts += 1;
+    setConnection("reconnecting", "reconnecting");
+    const why = event.code === 1006 ? "connection lost" : `closed ${event.code} ${event.reason || ""}`.trim();
+    logEvent(`${why}; reconnecting in ${delay / 1000} s`);
+    state.reconnectTimer = setTimeout(connect, delay);
+  };
+}
+
+function sendFrame(frame) {
+  if (state.ws && state.ws.readyState === WebSocket.OPEN && state.welcomed) {
+    state.ws.send(JSON.stringify(frame));
+    return true;
+  }
+  logError("offline", "not connected: try again once connected");
+  return false;
+}
+
+function handle(message) {
+  switch (message.type) {
+    case "welcome":
+      return onWelcome(message);
+    case "joined":
+      return onJoined(message);
+    case "presence":
+      return onPresence(message);
+    case "message":
+      return onMessage(message);
+    case "ack":
+      return onAck(message);
+    case "history":
+      return onHistory(message);
+    case "error":
+      return logError(message.code, message.detail, message.ref ? `ref ${message.ref}` : "");
+    default:
+      return logError("unknown_frame", `a frame of type ${message.type}`);
+  }
+}
+
+function onWelcome(message) {
+  state.user = message.user;
+  state.welcomed = true;
+  const again = state.attempts > 0;
+  state.attempts = 0;
+  $("whoami").textContent = `signed in as ${message.user}`;
+  setConnection("online", "online");
+  logEvent(again ? "reconnected" : "connected");
+  setSending(state.current !== null);
+  for (const [name, room] of state.rooms) joinRoom(name, room.lastSeq);
+}
+
+// ---- rooms ---------------------------------------------------------------------------
+
+function roomState(name) {
+  let room = state.rooms.get(name);
+  if (!room) {
+    const list = el("ol", "messages");
+    list.dataset.room = name;
+    list.hidden = true;
+    $("messages").append(list);
+    room = { lastSeq: null, members: new Set(), list, seen: new Set(), replayUntil: 0, firstSeq: null, older: true };
+    state.rooms.set(name, room);
+    renderRoomList();
+  }
+  return room;
+}
+
+function joinRoom(name, since) {
+  const frame = { type: "join", room: name };
+  if (typeof since === "number") frame.since = since;
+  if (sendFrame(frame)) state.pending.set(name, typeof since === "number" ? since : null);
+}
+
+function onJoined(message) {
+  const since = state.pending.has(message.room) ? state.pending.get(message.room) : null;
+  state.pending.delete(message.room);
+  const room = roomState(message.room);
+  room.members = new Set(message.members);
+  // with since, every message up to last_seq that follows is a replay of what we missed
+  room.replayUntil = since === null ? 0 : message.last_seq;
+  if (room.lastSeq === null) room.lastSeq = since === null ? message.last_seq : since;
+  if (state.wanted === message.room || !state.rooms.has(state.current)) state.current = message.room;
+  saveRooms();
+  if (room.seen.size === 0) {
+    // an empty view (a fresh join, or a reload): the page before what replays, as context
+    const before = (since === null ? message.last_seq : since) + 1;
+    if (before > 1) sendFrame({ type: "history", room: message.room, before, limit: HISTORY_PAGE });
+  }
+  const replaying = since !== null && message.last_seq > since ? `, replaying ${message.last_seq - since} missed` : "";
+  logEvent(`joined ${message.room} (last seq ${message.last_seq}${replaying})`);
+  renderRoomList();
+  renderRoom();
+}
+
+function onPresence(message) {
+  const room = state.rooms.get(message.room);
+  if (!room) return;
+  if (message.event === "join") room.members.add(message.user);
+  else room.members.delete(message.user);
+  logEvent(`${message.user} ${message.event === "join" ? "joined" : "left"} ${message.room}`);
+  if (message.room === state.current) renderMembers();
+}
+
+function messageItem(message, origin) {
+  const item = el("li", `message ${origin}`);
+  item.dataset.seq = String(message.seq);
+  item.dataset.user = message.user;
+  if (message.ref !== undefined) item.dataset.ref = message.ref;
+  item.append(el("span", "seq", `#${message.seq}`));
+  item.append(el("span", "user", message.user));
+  item.append(el("span", "body", message.body));
+  const time = new Date(message.ts).toLocaleTimeString();
+  const mark = origin === "live" ? time : `${time} ${origin}`;
+  item.append(el("span", "mark", mark));
+  return item;
+}
+
+function place(room, item, seq) {
+  // in seq order whatever the order of arrival (history pages come before what they precede)
+  let next = null;
+  for (const other of room.list.children) {
+    if (Number(other.dataset.seq) > seq) {
+      next = other;
+      break;
+    }
+  }
+  room.list.insertBefore(item, next);
+  room.seen.add(seq);
+  if (room.firstSeq === null || seq < room.firstSeq) room.firstSeq = seq;
+}
+
+function onMessage(message) {
+  const room = state.rooms.get(message.room);
+  if (!room || room.seen.has(message.seq)) return;
+  const origin = message.seq <= room.replayUntil ? "replayed" : "live";
+  place(room, messageItem(message, origin), message.seq);
+  if (room.lastSeq === null || message.seq > room.lastSeq) {
+    room.lastSeq = message.seq;
+    saveRooms();
+  }
+  if (message.room === state.current) room.list.scrollTop = room.list.scrollHeight;
+  renderRoomList();
+}
+
+function onAck(message) {
+  const room = state.rooms.get(message.room);
+  if (!room) return;
+  for (const item of room.list.children) {
+    if (item.dataset.seq === String(message.seq)) {
+      item.classList.add("acked");
+      item.querySelector(".mark").textContent += " ✓";
+    }
+  }
+}
+
+function onHistory(message) {
+  const room = state.rooms.get(message.room);
+  if (!room) return;
+  if (message.messages.length === 0) {
+    room.older = false;
+    logEvent(`no older messages in ${message.room}`);
+  }
+  for (const old of message.messages) {
+    if (!room.seen.has(old.seq)) place(room, messageItem(old, "history"), old.seq);
+  }
+  if (room.firstSeq === 1) room.older = false;
+  if (message.room === state.current) renderRoom();
+}
+
+function olderMessages() {
+  const room = state.rooms.get(state.current);
+  if (!room || room.firstSeq === null) return;
+  sendFrame({ type: "history", room: state.current, before: room.firstSeq, limit: HISTORY_PAGE });
+}
+
+function leaveRoom() {
+  const name = state.current;
+  const room = state.rooms.get(name);
+  if (!room) return;
+  sendFrame({ type: "leave", room: name });
+  room.list.remove();
+  state.rooms.delete(name);
+  state.current = state.rooms.size ? state.rooms.keys().next().value : null;
+  saveRooms();
+  if (state.current === null) sessionStorage.removeItem(KEYS.current);
+  logEvent(`left ${name}`);
+  renderRoomList();
+  renderRoom();
+}
+
+function sendMessage() {
+  const body = $("body").value;
+  if (!body || state.current === null) return;
+  state.refs += 1;
+  const ref = `web-${Date.now().toString(36)}-${state.refs}`;
+  if (sendFrame({ type: "send", room: state.current, body, ref })) $("body").value = "";
+}
+
+// ---- rendering (textContent only) ------------------------------------------------------
+
+function renderRoomList() {
+  const items = [];
+  for (const [name, room] of state.rooms) {
+    const item = el("li", name === state.current ? "current" : "");
+    item.dataset.room = name;
+    item.append(el("span", "name", name));
+    item.append(el("span", "seq", room.lastSeq === null ? "" : `#${room.lastSeq}`));
+    item.addEventListener("click", () => {
+      state.current = name;
+      saveRooms();
+      renderRoomList();
+      renderRoom();
+    });
+    items.push(item);
+  }
+  $("rooms").replaceChildren(...items);
+}
+
+function renderMembers() {
+  const room = state.rooms.get(state.current);
+  const names = room ? [...room.members].sort() : [];
+  $("members").replaceChildren(
+    ...names.map((name) => {
+      const item = el("li", "member", name === state.user ? `${name} (you)` : name);
+      item.dataset.user = name;
+      return item;
+    }),
+  );
+}
+
+function renderRoom() {
+  const room = state.rooms.get(state.current);
+  for (const [name, other] of state.rooms) other.list.hidden = name !== state.current;
+  $("room-title").textContent = room ? state.current : "no room";
+  $("older").disabled = !room || !room.older || room.firstSeq === null;
+  $("leave").disabled = !room;
+  setSending(Boolean(room) && state.welcomed);
+  renderMembers();
+}
+
+function setSending(on) {
+  $("body").disabled = !on;
+  $("send").disabled = !on;
+}
+
+// ---- start --------------------------------------------------------------------------------
+
+async function start() {
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    signIn(false);
+  });
+  $("register").addEventListener("click", () => {
+    if ($("login-form").reportValidity()) signIn(true);
+  });
+  $("logout").addEventListener("click", () => logOut("logged out"));
+  $("join-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const name = $("room-name").value.trim();
+    if (!name) return;
+    state.wanted = name;
+    if (state.rooms.has(name)) {
+      state.current = name;
+      renderRoomList();
+      return renderRoom();
+    }
+    logEvent(`joining ${name}`);
+    joinRoom(name, null);
+  });
+  $("send-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sendMessage();
+  });
+  // leaving the page closes the connection at once (the others see us leave); a page
+  // brought back from the back/forward cache connects again and catches up with since
+  window.addEventListener("pagehide", () => {
+    if (!state.ws) return;
+    state.closing = true;
+    state.ws.close(1000, "page closed");
+  });
+  window.addEventListener("pageshow", (event) => {
+    state.closing = false;
+    if (event.persisted && !state.ws) connect();
+  });
+  $("older").addEventListener("click", olderMessages);
+  $("leave").addEventListener("click", leaveRoom);
+
+  try {
+    const response = await fetch("config.json", { cache: "no-cache" });
+    state.config = await response.json();
+  } catch (exc) {
+    return logError("config", `config.json could not be read (${exc})`);
+  }
+  if (state.config.subprotocol !== "chatlab.json") {
+    return logError("unsupported", `this server speaks ${state.config.subprotocol}; the page speaks chatlab.json`);
+  }
+  const token = sessionStorage.getItem(KEYS.token);
+  if (!token) return;
+  // a reload: the same rooms, joined again from the last seq seen in each
+  const rooms = savedRooms();
+  for (const [name, lastSeq] of Object.entries(rooms)) {
+    roomState(name).lastSeq = typeof lastSeq === "number" ? lastSeq : null;
+  }
+  const current = sessionStorage.getItem(KEYS.current);
+  state.current = current && state.rooms.has(current) ? current : null;
+  showChat();
+  renderRoomList();
+  renderRoom();
+  connect();
+}
+
+start();

@@ -1,0 +1,274 @@
+"""The web chat page in a real browser: Debian's chromium, driven by its chromium-driver.
+
+Two independent browser sessions (each its own chromium, profile and sessionStorage)
+register and log in through the auth service, join one room and talk; a reload
+replays what was missed; strings that look like HTML stay text. On failure each
+browser's screenshot is saved in the test's tmp dir (its path is in the failure).
+Nothing downloads a browser: selenium is pointed at /usr/bin/chromedriver and
+/usr/bin/chromium, and selenium's own driver manager is kept offline.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.harness import FAST_ARGON2, AuthProcess, KeyPair, ServerProcess
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+PASSWORD = "correct horse battery"
+XSS = '<img src=x onerror="window.__xss=(window.__xss||0)+1">'
+WAIT_S = 20
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(CHROMEDRIVER) is None or shutil.which(CHROMIUM) is None,
+    reason=f"no {CHROMEDRIVER} or {CHROMIUM}: CI and the setup script install them",
+)
+
+#: the messages shown for a room, as the page shows them (text, never HTML)
+_MESSAGES_JS = """
+return [...document.querySelectorAll('ol.messages')]
+  .filter(list => list.dataset.room === arguments[0])
+  .flatMap(list => [...list.querySelectorAll('li.message')])
+  .map(li => ({
+    seq: Number(li.dataset.seq),
+    user: li.querySelector('.user').textContent,
+    body: li.querySelector('.body').textContent,
+    origin: ['replayed', 'history', 'live'].find(c => li.classList.contains(c)),
+  }));
+"""
+
+
+class Browser:
+    """One headless chromium session on the chat page, with what a person would do."""
+
+    def __init__(self, name: str, profile: Path) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in (
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--window-size=1200,900",
+            f"--user-data-dir={profile}",
+        ):
+            options.add_argument(flag)
+        self.name = name
+        self.driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+        self.driver.set_page_load_timeout(WAIT_S)
+
+    def wait(self, condition: Callable[[], Any], what: str) -> Any:
+        """Wait until ``condition()`` is truthy; its value."""
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        return WebDriverWait(self.driver, WAIT_S, poll_frequency=0.05).until(
+            lambda _: condition(), f"{self.name}: {what}"
+        )
+
+    def js(self, script: str, *args: Any) -> Any:
+        return self.driver.execute_script(script, *args)
+
+    def field(self, element_id: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(By.ID, element_id)
+
+    def open(self, url: str) -> None:
+        self.driver.get(url)
+
+    def online(self) -> None:
+        self.wait(lambda: self.field("connection").text == "online", "connected")
+
+    def sign_in(self, username: str, register: bool) -> None:
+        self.field("username").send_keys(username)
+        self.field("password").send_keys(PASSWORD)
+        self.field("register" if register else "login").click()
+        self.online()
+        assert self.field("whoami").text == f"signed in as {username}"
+
+    def join(self, room: str) -> None:
+        box = self.field("room-name")
+        box.clear()
+        box.send_keys(room)
+        self.field("join").click()
+        self.wait(lambda: self.field("room-title").text == room, f"joined {room}")
+
+    def say(self, body: str) -> None:
+        self.wait(lambda: self.field("body").is_enabled(), "send enabled")
+        self.field("body").send_keys(body)
+        self.field("send").click()
+
+    def messages(self, room: str) -> list[dict[str, Any]]:
+        return list(self.js(_MESSAGES_JS, room))
+
+    def members(self) -> list[str]:
+        return list(
+            self.js(
+                "return [...document.querySelectorAll('#members li')].map(li => li.dataset.user)"
+            )
+        )
+
+    def close(self) -> None:
+        self.driver.quit()
+
+
+@contextmanager
+def browsers(tmp_path: Path, *names: str) -> Iterator[list[Browser]]:
+    """Independent browser sessions; each one's screenshot is saved if the block fails."""
+    opened: list[Browser] = []
+    try:
+        for name in names:
+            opened.append(Browser(name, tmp_path / f"profile-{name}"))
+        yield opened
+    except BaseException:
+        for browser in opened:
+            shot = tmp_path / f"failure-{browser.name}.png"
+            try:
+                browser.driver.save_screenshot(str(shot))
+                print(f"screenshot of {browser.name}: {shot}")
+            except Exception as exc:  # the browser itself may be what failed
+                print(f"no screenshot of {browser.name}: {exc}")
+        raise
+    finally:
+        for browser in opened:
+            browser.close()
+
+
+@pytest.fixture
+def chat_and_auth(tmp_path: Path, keys: KeyPair, transport: str) -> Iterator[ServerProcess]:
+    """An auth service allowing the chat page's origin, and a chat server that names it."""
+    (tmp_path / "auth").mkdir()
+    (tmp_path / "chat").mkdir()
+    auth = AuthProcess(
+        tmp_path / "auth",
+        **FAST_ARGON2,
+        LOGIN_RATE_PER_CLIENT_PER_MIN="0",
+        REGISTER_RATE_PER_CLIENT_PER_MIN="0",
+        EVENT_LOOP="asyncio",
+    )
+    chat = ServerProcess(
+        tmp_path / "chat",
+        keys,
+        event_loop="asyncio",
+        transport=transport,
+        jwt_public_key=str(auth.public_path),
+        auth_public_url=auth.url(),
+    )
+    auth.env["AUTH_CORS_ORIGINS"] = f"http://127.0.0.1:{chat.port}"
+    try:
+        auth.start()
+        chat.start()
+        yield chat
+    finally:
+        chat.kill()
+        auth.kill()
+
+
+@pytest.fixture(autouse=True)
+def _selenium_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Selenium's driver manager may never fetch a browser or a driver."""
+    monkeypatch.setenv("SE_OFFLINE", "true")
+
+
+def test_two_browsers_talk_in_order_see_presence_and_replay_after_a_reload(
+    chat_and_auth: ServerProcess, tmp_path: Path
+):
+    page = f"http://127.0.0.1:{chat_and_auth.port}/"
+    with browsers(tmp_path, "alice", "bob") as (alice, bob):
+        for browser in (alice, bob):
+            browser.open(page)
+            browser.sign_in(browser.name, register=True)
+            browser.join("lobby")
+        for browser in (alice, bob):
+            browser.wait(lambda b=browser: b.members() == ["alice", "bob"], "both members")
+
+        for n in range(3):
+            alice.say(f"alice {n}")
+        bob.say("bob 0")
+        for browser in (alice, bob):
+            browser.wait(lambda b=browser: len(b.messages("lobby")) == 4, "four messages")
+        seen_by_alice, seen_by_bob = alice.messages("lobby"), bob.messages("lobby")
+        assert seen_by_alice == seen_by_bob
+        assert [m["seq"] for m in seen_by_alice] == [1, 2, 3, 4]
+        assert {m["origin"] for m in seen_by_alice} == {"live"}
+        assert [m["body"] for m in seen_by_alice if m["user"] == "alice"] == [
+            "alice 0",
+            "alice 1",
+            "alice 2",
+        ]
+
+        # bob's page goes away (the tab stays: its sessionStorage too) while alice talks
+        bob.open("about:blank")
+        alice.wait(lambda: alice.members() == ["alice"], "bob gone")
+        alice.say("while you were away 1")
+        alice.say("while you were away 2")
+        alice.wait(lambda: len(alice.messages("lobby")) == 6, "six messages")
+        bob.open(page)
+        bob.online()
+        bob.wait(lambda: len(bob.messages("lobby")) == 6, "history and replay after the reload")
+        after = bob.messages("lobby")
+        assert [m["seq"] for m in after] == [1, 2, 3, 4, 5, 6]
+        assert [m["origin"] for m in after] == ["history"] * 4 + ["replayed"] * 2
+        assert [m["body"] for m in after[4:]] == ["while you were away 1", "while you were away 2"]
+        alice.wait(lambda: alice.members() == ["alice", "bob"], "bob back")
+
+        # a plain reload: nothing was missed, nothing replays
+        alice.driver.refresh()
+        alice.online()
+        alice.wait(lambda: len(alice.messages("lobby")) == 6, "alice's history after a reload")
+        assert {m["origin"] for m in alice.messages("lobby")} == {"history"}
+        bob.say("after the reloads")
+        alice.wait(lambda: len(alice.messages("lobby")) == 7, "a live message")
+        assert alice.messages("lobby")[-1] == {
+            "seq": 7,
+            "user": "bob",
+            "body": "after the reloads",
+            "origin": "live",
+        }
+
+
+def test_html_in_names_bodies_rooms_and_errors_stays_text(
+    chat_and_auth: ServerProcess, tmp_path: Path
+):
+    page = f"http://127.0.0.1:{chat_and_auth.port}/"
+    with browsers(tmp_path, "mallory") as (mallory,):
+        mallory.open(page)
+        # a user name that is HTML: the auth service refuses it, the page names it in the error
+        mallory.field("username").send_keys(XSS)
+        mallory.field("password").send_keys(PASSWORD)
+        mallory.field("register").click()
+        mallory.wait(lambda: "bad_request" in mallory.field("events").text, "the refusal")
+        assert f"register {XSS}" in mallory.field("events").text
+        mallory.field("username").clear()
+        mallory.field("password").clear()
+        mallory.sign_in("mallory", register=True)
+        mallory.join("lobby")
+        mallory.say(XSS)
+        mallory.wait(lambda: len(mallory.messages("lobby")) == 1, "the message")
+        assert mallory.messages("lobby")[0]["body"] == XSS
+        # a room name that is HTML: refused by the chat server, shown as text
+        room_box = mallory.field("room-name")
+        room_box.clear()
+        room_box.send_keys(XSS)
+        mallory.field("join").click()
+        mallory.wait(
+            lambda: mallory.js(
+                "return document.querySelector('#events li[data-code=invalid_room]')"
+            ),
+            "the invalid_room error",
+        )
+        assert f"joining {XSS}" in mallory.field("events").text
+        assert mallory.js("return document.querySelectorAll('img').length") == 0
+        assert mallory.js("return window.__xss === undefined") is True
