@@ -17,24 +17,11 @@ from dataclasses import replace
 from typing import Any
 
 from bench.lab.matrix import Config, Load
-from bench.lab.results import Run, Step
+from bench.lab.results import Run, Step, parse_slo
 from bench.lab.runner import Lab
 from bench.lab.sampler import Sampler
 
-
-def parse_slo(text: str) -> dict[str, float]:
-    """``p99=100,p95=50`` → ``{"p99": 100.0, "p95": 50.0}``; ValueError names a bad item."""
-    slo: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or key not in ("p50", "p90", "p95", "p99", "p999", "max"):
-            raise ValueError(f"bad SLO item {item!r} (e.g. p99=100)")
-        slo[key] = float(value)
-        if slo[key] <= 0:
-            raise ValueError(f"bad SLO item {item!r}: the bound must be positive")
-    if not slo:
-        raise ValueError("empty SLO (e.g. p99=100)")
-    return slo
+__all__ = ["climb", "edge", "parse_slo", "plan"]
 
 
 def climb(

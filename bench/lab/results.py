@@ -77,6 +77,15 @@ class Step:
     # sampler started: the fast driver's --t0-monotonic); the report takes CPU and RSS
     # per step from it, and the whole run's when it is None
     started_s: float | None = None
+    # a capacity climb's marks: the seconds (timeline t_s) that stalled (see
+    # :func:`stalled_points`), and whether this step was run again (``superseded``: the
+    # climb went by its re-run) or is the re-run of a stalled step (``rerun``)
+    stall_s: list[float] = field(default_factory=list)
+    superseded: bool = False
+    rerun: bool = False
+    body_chars: int = 0  # the message body's length (the fast driver's --body-chars)
+    frame_bytes: int = 0  # one ``send`` frame's payload on the wire, before compression
+    deflate: bool = False  # the driver negotiated permessage-deflate
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
@@ -90,6 +99,44 @@ class Step:
         if self.sent == 0 or self.delivered < self.expected:
             return False
         return all(self.latency_ms.get(k, float("inf")) < v for k, v in slo_ms.items())
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``p99=100,p95=50`` → ``{"p99": 100.0, "p95": 50.0}``; ValueError names a bad item."""
+    slo: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in PERCENTILES:
+            raise ValueError(f"bad SLO item {item!r} (e.g. p99=100)")
+        try:
+            slo[key] = float(value)
+        except ValueError:
+            raise ValueError(f"bad SLO item {item!r}: the bound must be a number") from None
+        if not slo[key] > 0:
+            raise ValueError(f"bad SLO item {item!r}: the bound must be positive")
+    if not slo:
+        raise ValueError("empty SLO (e.g. p99=100)")
+    return slo
+
+
+#: a second is a stall when its p99 passes this many times the median of the step's
+#: per-second p99s (or when it delivered nothing while the step was sending)
+STALL_FACTOR = 10.0
+
+
+def stalled_points(points: list[TimePoint]) -> list[TimePoint]:
+    """The seconds of a step's send phase that stalled: p99 above :data:`STALL_FACTOR` x the
+    median of the step's per-second p99s, or no delivery at all."""
+    p99s = sorted(p.p99_ms for p in points if p.p99_ms is not None and p.delivered_per_s > 0)
+    if not p99s:
+        return list(points)
+    middle = len(p99s) // 2
+    median = p99s[middle] if len(p99s) % 2 else (p99s[middle - 1] + p99s[middle]) / 2
+    return [
+        p
+        for p in points
+        if p.delivered_per_s <= 0 or p.p99_ms is None or p.p99_ms > STALL_FACTOR * median
+    ]
 
 
 @dataclass
@@ -117,6 +164,17 @@ class Run:
     samples: dict[str, list[Sample]] = field(default_factory=dict)
     # the server's own counters (Prometheus scrape): name -> value, at the end of the run
     metrics: dict[str, float] = field(default_factory=dict)
+    # the same scraped about once a second while the run was driven, each with ``t_s`` (on
+    # the samples' clock): what the server's GC, loop lag and commits did second by second
+    metric_series: list[dict[str, float]] = field(default_factory=list)
+    # the server's notable tail events over the run (its ``/stats`` ``tail`` read at the
+    # end), each ``{"kind": "gc" | "loop_lag" | "commit" | "checkpoint", "t_s": <samples'
+    # clock>, "ms": <duration>, ...}`` (gc events also carry ``generation``): what the
+    # report names as the likely cause of a stalled second
+    tail_events: list[dict[str, Any]] = field(default_factory=list)
+    # a capacity climb's result (:func:`bench.lab.capacity.edge`): the knee, the step that
+    # broke, whether the driver limited the edge; empty for fixed-rate runs
+    knee: dict[str, Any] = field(default_factory=dict)
     profiles: list[str] = field(default_factory=list)  # snapshot paths, relative to the report
     status: str = "ok"  # "ok" | "failed" | "interrupted"
     error: str = ""
