@@ -25,7 +25,7 @@ reading gaps) belongs to the broker that owns the feed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 from chat_server.messages import Message
 
@@ -35,7 +35,7 @@ log = logging.getLogger("chat_server.broker")
 Deliver = Callable[[Message], None]
 #: the room's ``last_seq`` moved to this value without a delivery (trimmed history, reset)
 Jumped = Callable[[str, int], None]
-#: a user appeared in (True) or vanished from (False) the room's shared member set
+#: a user appeared in (True) or vanished from (False) the room's members held elsewhere
 Announce = Callable[[str, str, bool], None]
 
 
@@ -48,9 +48,11 @@ class RoomFeed:
         "_held",
         "_held_presence",
         "_jumped",
+        "counts",
         "fill_upto",
         "last_seq",
         "members",
+        "mine",
         "needs_snapshot",
         "room",
         "synced",
@@ -68,13 +70,20 @@ class RoomFeed:
         self.last_seq = 0
         #: the gap to read from the store is (last_seq, fill_upto] while fill_upto > last_seq
         self.fill_upto = 0
-        #: the shared member set (every process's users), as of ``version``
+        #: the shared member set as of ``version``: for each user, how many processes
+        #: hold it, and the users Redis has this process holding
+        self.counts: dict[str, int] = {}
+        self.mine: set[str] = set()
+        #: the users some *other* process holds (``counts`` less this process' own
+        #: holding): what the core adds to its local users to make the room's view.
+        #: Counting this process' own holding too would let the echo of its own
+        #: presence write, heard after the user already left here, show the user again.
         self.members: dict[str, None] = {}
         self.version = 0
         #: a presence change skipped a version: the caller should take a new snapshot
         self.needs_snapshot = False
         self._held: list[Message] = []
-        self._held_presence: list[tuple[int, str, bool]] = []
+        self._held_presence: list[tuple[int, str, bool, int, bool]] = []
 
     @property
     def gap(self) -> tuple[int, int] | None:
@@ -85,7 +94,9 @@ class RoomFeed:
 
     # ---- snapshots ---------------------------------------------------------------------
 
-    def snapshot(self, last_seq: int, version: int, members: list[str]) -> None:
+    def snapshot(
+        self, last_seq: int, version: int, counts: Mapping[str, int], mine: Collection[str]
+    ) -> None:
         """Apply the room's state read after subscribing (or resubscribing).
 
         The first snapshot sets where delivery starts; a later one opens a gap up
@@ -111,7 +122,9 @@ class RoomFeed:
         else:
             self.fill_upto = max(self.fill_upto, last_seq)
         old = self.members
-        self.members = dict.fromkeys(members)
+        self.counts = {user: count for user, count in counts.items() if count > 0}
+        self.mine = set(mine)
+        self.members = dict.fromkeys(user for user in self.counts if self._elsewhere(user))
         self.version = version
         self.needs_snapshot = False
         for user in old:
@@ -121,8 +134,8 @@ class RoomFeed:
             if user not in old:
                 self._announce(self.room, user, True)
         held, self._held_presence = self._held_presence, []
-        for held_version, user, present in held:
-            self.presence(held_version, user, present)
+        for held_version, user, arrived, count, by_me in held:
+            self.presence(held_version, user, arrived, count, by_me)
         self._release_held()
 
     # ---- messages --------------------------------------------------------------------
@@ -169,21 +182,38 @@ class RoomFeed:
 
     # ---- presence ---------------------------------------------------------------------
 
-    def presence(self, version: int, user: str, present: bool) -> None:
-        """Apply one change of the shared member set, in version order."""
+    def presence(self, version: int, user: str, arrived: bool, count: int, by_me: bool) -> None:
+        """Apply one change of the shared member set, in version order: a process
+        (``by_me``: this one) began (``arrived``) or stopped holding ``user``, leaving
+        ``count`` processes holding it. Announced when that changes whether some other
+        process holds the user."""
         if not self.synced or self.needs_snapshot:
-            self._held_presence.append((version, user, present))
+            self._held_presence.append((version, user, arrived, count, by_me))
             return
         if version <= self.version:
             return
         if version != self.version + 1:
             self.needs_snapshot = True
-            self._held_presence.append((version, user, present))
+            self._held_presence.append((version, user, arrived, count, by_me))
             return
         self.version = version
-        if present and user not in self.members:
+        if count > 0:
+            self.counts[user] = count
+        else:
+            self.counts.pop(user, None)
+        if by_me:
+            if arrived:
+                self.mine.add(user)
+            else:
+                self.mine.discard(user)
+        elsewhere = self._elsewhere(user)
+        if elsewhere and user not in self.members:
             self.members[user] = None
             self._announce(self.room, user, True)
-        elif not present and user in self.members:
+        elif not elsewhere and user in self.members:
             del self.members[user]
             self._announce(self.room, user, False)
+
+    def _elsewhere(self, user: str) -> bool:
+        """True when a process other than this one holds ``user``."""
+        return self.counts.get(user, 0) - (user in self.mine) > 0

@@ -19,9 +19,13 @@ drops what is heard twice.
 
 **Presence across processes.** Per room, ``chat:{room}:users`` counts for each
 user the processes holding it, ``chat:{room}:w:<process>`` lists the users this
-process holds, and every change of the shared set bumps ``chat:{room}:pv`` and
-is published (``P<version> +user`` / ``-user``) on the room's channel, by one
-script. Each process renews a lease (its score in the ``chat:workers`` sorted
+process holds, and every process' arrival or departure bumps ``chat:{room}:pv``
+and is published (``P<version> +user <count> <process>`` / ``-user ...``: the
+count after it and the process whose holding changed) on the room's channel, by
+one script. So each process tells the users some *other* process holds from
+those only it holds (the room's view is those plus its own local users): the
+echo of its own write, heard after the user already left here, changes nothing.
+Each process renews a lease (its score in the ``chat:workers`` sorted
 set, in Redis' own clock) every third of ``PRESENCE_LEASE_S``; the same script
 removes every process whose lease ran out, with leave events for its users, so
 a killed process' members vanish within about ``PRESENCE_LEASE_S``. A process
@@ -82,26 +86,27 @@ ROOMS_KEY: Final = "chat:worker:%s:rooms"
 
 _PRESENCE_LIB: Final = """
 local USERS, VERSION, HELD, ROOMS = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local function announce(room, user, sign)
+local function announce(room, user, sign, count, worker)
   local v = redis.call('INCR', string.format(VERSION, room))
-  local event = 'P' .. string.format('%d', v) .. ' ' .. sign .. user
+  local event = 'P' .. string.format('%d', v) .. ' ' .. sign .. user .. ' '
+    .. string.format('%d', count) .. ' ' .. worker
   redis.call('PUBLISH', 'chat:{' .. room .. '}', event)
 end
 local function arrive(room, worker, user)
   if redis.call('SADD', string.format(HELD, room, worker), user) == 1 then
     redis.call('SADD', string.format(ROOMS, worker), room)
-    if redis.call('HINCRBY', string.format(USERS, room), user, 1) == 1 then
-      announce(room, user, '+')
-    end
+    announce(room, user, '+', redis.call('HINCRBY', string.format(USERS, room), user, 1), worker)
   end
 end
 local function depart(room, worker, user)
   if redis.call('SREM', string.format(HELD, room, worker), user) == 1 then
     local users = string.format(USERS, room)
-    if redis.call('HINCRBY', users, user, -1) <= 0 then
+    local count = redis.call('HINCRBY', users, user, -1)
+    if count <= 0 then
       redis.call('HDEL', users, user)
-      announce(room, user, '-')
+      count = 0
     end
+    announce(room, user, '-', count, worker)
   end
 end
 local function release(worker)
@@ -324,7 +329,8 @@ class RedisBroker(Broker):
         return 0 if entry is None else entry.feed.last_seq
 
     def members(self, room: str) -> Collection[str]:
-        """The room's shared member set as last heard (every process' users)."""
+        """The room's users some other process holds, as last heard (this process' own
+        users are the core's)."""
         entry = self._rooms.get(room)
         return () if entry is None else entry.feed.members
 
@@ -396,13 +402,15 @@ class RedisBroker(Broker):
             pipe = self._client.pipeline(transaction=True)
             pipe.get(seq_key(room))
             pipe.get(VERSION_KEY % room)
-            pipe.hkeys(USERS_KEY % room)
-            seq, version, users = await pipe.execute()
+            pipe.hgetall(USERS_KEY % room)
+            pipe.smembers(HELD_KEY % (room, self._worker))
+            seq, version, users, mine = await pipe.execute()
         finally:
             entry.snapshotting = False
         if self._rooms.get(room) is not entry:
             return
-        entry.feed.snapshot(int(seq or 0), int(version or 0), [u.decode() for u in users])
+        counts = {user.decode(): int(count) for user, count in users.items()}
+        entry.feed.snapshot(int(seq or 0), int(version or 0), counts, {u.decode() for u in mine})
         self._after_feed(entry)
 
     def _after_feed(self, entry: _Room) -> None:
@@ -550,9 +558,15 @@ class RedisBroker(Broker):
             data: bytes = message["data"]
             if data[:1] == b"M":
                 entry.feed.messages(decode_published(room, data))
-            else:  # P<version> +user / -user
-                head, _, change = data.partition(b" ")
-                entry.feed.presence(int(head[1:]), change[1:].decode(), change[:1] == b"+")
+            else:  # P<version> +user <count> <process> / -user <count> <process>
+                head, change, count, worker = data.split(b" ", 3)
+                entry.feed.presence(
+                    int(head[1:]),
+                    change[1:].decode(),
+                    change[:1] == b"+",
+                    int(count),
+                    worker.decode() == self._worker,
+                )
             if entry.feed.gap is not None or entry.feed.needs_snapshot:
                 self._after_feed(entry)
         elif kind == "subscribe":

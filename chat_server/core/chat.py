@@ -16,13 +16,13 @@ stored message up to the room's last committed ``seq``; only then does
 seam has no gap and no duplicate.
 
 Presence with several processes (``BROKER=redis``): the caller gives
-``remote_members`` (the room's shared member set, as its broker last heard it)
-and ``presence_changed`` (called on a user's first connection in a room here and
-on its last one leaving, so the broker can write it). Each member sees the
-*view* of a room: the shared set plus the users connected here. A presence
-event goes to the local members exactly when that view changes, whether the
-change comes from a local join or leave or from the broker
-(:meth:`ChatCore.remote_presence`). With one process the shared set is empty,
+``remote_members`` (the room's users other processes hold, as its broker last
+heard it) and ``presence_changed`` (called on a user's first connection in a room
+here and on its last one leaving, so the broker can write it). Each member sees
+the *view* of a room: the users other processes hold plus the users connected
+here. A presence event goes to the local members exactly when that view changes,
+whether the change comes from a local join or leave or from the broker
+(:meth:`ChatCore.remote_presence`). With one process the remote set is empty,
 the view is the local users, and presence is what it always was.
 """
 

@@ -32,7 +32,7 @@ def test_nothing_is_delivered_before_the_snapshot_and_duplicates_are_dropped():
     feed = rec.feed()
     feed.messages([msg(4), msg(5)])  # heard while subscribing: 4 was already in the snapshot
     assert rec.delivered == []
-    feed.snapshot(4, 0, [])
+    feed.snapshot(4, 0, {}, ())
     assert rec.delivered == [5]
     feed.messages([msg(5), msg(6)])
     assert rec.delivered == [5, 6]
@@ -42,7 +42,7 @@ def test_nothing_is_delivered_before_the_snapshot_and_duplicates_are_dropped():
 def test_a_gap_holds_later_messages_until_it_is_filled_from_the_store():
     rec = Recorder()
     feed = rec.feed()
-    feed.snapshot(2, 0, [])
+    feed.snapshot(2, 0, {}, ())
     feed.messages([msg(5), msg(6)])  # 3 and 4 were missed
     assert rec.delivered == [] and feed.gap == (2, 4)
     feed.messages([msg(7)])  # still held behind the gap
@@ -56,7 +56,7 @@ def test_a_gap_holds_later_messages_until_it_is_filled_from_the_store():
 def test_a_gap_the_store_no_longer_holds_is_jumped_over():
     rec = Recorder()
     feed = rec.feed()
-    feed.snapshot(1, 0, [])
+    feed.snapshot(1, 0, {}, ())
     feed.messages([msg(10)])
     feed.fill_page([msg(8), msg(9)])  # 2..7 were trimmed (HISTORY_MAX)
     feed.fill_done(9)
@@ -70,8 +70,8 @@ def test_a_gap_the_store_no_longer_holds_is_jumped_over():
 def test_a_resnapshot_after_a_reconnect_opens_the_gap_of_what_was_missed():
     rec = Recorder()
     feed = rec.feed()
-    feed.snapshot(3, 0, [])
-    feed.snapshot(6, 0, [])  # published while the connection was down
+    feed.snapshot(3, 0, {}, ())
+    feed.snapshot(6, 0, {}, ())  # published while the connection was down
     assert feed.gap == (3, 6)
     feed.messages([msg(7)])
     feed.fill_page([msg(4), msg(5), msg(6)])
@@ -82,14 +82,48 @@ def test_a_resnapshot_after_a_reconnect_opens_the_gap_of_what_was_missed():
 def test_presence_applies_in_version_order_and_a_skip_asks_for_a_snapshot():
     rec = Recorder()
     feed = rec.feed()
-    feed.presence(1, "early", True)  # before the snapshot: held, then dropped as old
-    feed.snapshot(0, 1, ["early"])
+    feed.presence(1, "early", True, 1, False)  # before the snapshot: held, dropped as old
+    feed.snapshot(0, 1, {"early": 1}, ())
     assert rec.announced == [("early", True)]
-    feed.presence(2, "bob", True)
-    feed.presence(2, "bob", True)  # a duplicate
+    feed.presence(2, "bob", True, 1, False)
+    feed.presence(2, "bob", True, 1, False)  # a duplicate
     assert rec.announced[1:] == [("bob", True)]
-    feed.presence(4, "carol", True)  # version 3 was missed
+    feed.presence(4, "carol", True, 1, False)  # version 3 was missed
     assert feed.needs_snapshot and "carol" not in feed.members
-    feed.snapshot(0, 3, ["early"])  # bob left at version 3
+    feed.snapshot(0, 3, {"early": 1}, ())  # bob left at version 3
     assert rec.announced[2:] == [("bob", False), ("carol", True)]
     assert list(feed.members) == ["early", "carol"] and feed.version == 4
+
+
+def test_the_echo_of_this_process_own_presence_writes_announces_nothing():
+    # bob joined and left here before the echo of his join came back: the view (the
+    # core's local users plus the users *other* processes hold) never had him twice
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(0, 0, {}, ())
+    feed.presence(1, "bob", True, 1, True)
+    feed.presence(2, "bob", False, 0, True)
+    assert rec.announced == [] and "bob" not in feed.members and not feed.mine
+
+
+def test_a_user_held_here_and_elsewhere_is_announced_by_the_other_process_only():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(0, 0, {}, ())
+    feed.presence(1, "bob", True, 1, True)  # bob's first connection is here
+    feed.presence(2, "bob", True, 2, False)  # and another process's
+    assert rec.announced == [("bob", True)]  # held elsewhere now (the core: local too)
+    feed.presence(3, "bob", False, 1, True)  # bob left here: still held elsewhere
+    assert rec.announced == [("bob", True)] and "bob" in feed.members
+    feed.presence(4, "bob", False, 0, False)  # and left there
+    assert rec.announced == [("bob", True), ("bob", False)] and not feed.members
+
+
+def test_a_snapshot_counts_only_what_other_processes_hold():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(0, 5, {"alice": 1, "bob": 2, "carol": 1}, {"alice", "bob"})
+    assert list(feed.members) == ["bob", "carol"]
+    assert rec.announced == [("bob", True), ("carol", True)]
+    feed.presence(6, "bob", False, 1, False)  # the other process let bob go: only here now
+    assert "bob" not in feed.members and rec.announced[-1] == ("bob", False)

@@ -170,6 +170,47 @@ async def test_two_workers_share_a_room_in_seq_order_with_presence(
     assert server.stop() == 0, server.log()
 
 
+async def test_presence_is_the_view_of_every_worker_without_flicker(
+    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+):
+    # a user on both workers is present until its last connection leaves; a user who joins
+    # and leaves faster than the echo of its own presence write comes back from Redis is
+    # announced once each way (the echo was seen as a new arrival: join, leave, join, leave)
+    server = start_workers(start_server, redis_server)
+    alice, here = await connect_to(server, keys, "alice")
+    bob_here, _ = await connect_to(server, keys, "bob", on=here)
+    bob_there, _ = await connect_to(server, keys, "bob", not_on=here)
+    room = "view"
+    await alice.join(room)
+    inbox = Inbox(alice)
+
+    def bob_events() -> list[str]:
+        return [p.event for p in inbox.of(Presence) if p.user == "bob"]
+
+    await bob_there.join(room)
+    await inbox.wait_for(lambda: bob_events() == ["join"])
+    await bob_here.join(room)
+    await bob_there.leave(room)  # bob is still here
+    rounds = 20
+    for i in range(rounds):  # each a round trip through Redis, none waiting for the echo
+        await alice.say(room, f"m{i}", ref=f"m{i}")
+        await inbox.wait_for(lambda i=i: f"m{i}" in inbox.answers())
+    await bob_here.leave(room)
+    await inbox.wait_for(lambda: bob_events() == ["join", "leave"])
+
+    carol = (await connect_to(server, keys, "carol", on=here))[0]
+    for _ in range(rounds):
+        await carol.join(room)
+        await carol.leave(room)
+    await alice.say(room, "last", ref="last")
+    await inbox.wait_for(lambda: "last" in inbox.answers())
+    await asyncio.sleep(0.5)  # echoes still on their way would arrive by now
+    carol_events = [p.event for p in inbox.of(Presence) if p.user == "carol"]
+    assert carol_events == ["join", "leave"] * rounds
+    assert bob_events() == ["join", "leave"]
+    assert server.stop() == 0, server.log()
+
+
 async def test_sigkill_of_a_worker_loses_nothing_acked_and_its_users_leave(
     start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
 ):
