@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from bench.harness import ROOT
 from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
@@ -51,6 +53,17 @@ def _config_name(env: dict[str, str]) -> str:
     known = {"SERIALIZER", "EVENT_LOOP", "WS_DEFLATE", "TRANSPORT"}
     parts += [f"{k}={v}" for k, v in env.items() if k not in known]
     return "+".join(parts)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """``200,2000`` → ``(200, 2000)`` (argparse type)."""
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number or a comma list") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: connection counts must be at least 1")
+    return counts
 
 
 def _saved_ceilings() -> dict[str, Step]:
@@ -111,93 +124,132 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    """Climb one configuration and the relay; report the edge and the plan."""
-    from bench.lab.capacity import climb, edge, parse_slo, plan
+    """Climb each configuration and the relay at each connection count; knees and ratios."""
+    from bench.lab.capacity import climb, parse_slo, plan
     from bench.lab.progress import Progress
     from bench.lab.runner import Lab, machine_facts, split_cores, usable_cores
 
     slo = parse_slo(args.slo)
     env = dict(item.split("=", 1) for item in args.env)
-    config = Config(name=args.name or _config_name(env), env=env, locust=False)
-    load = Load(
-        connections=args.connections,
-        room_size=args.room_size,
-        rates=(args.start_rate,),
-        step_s=args.step_s,
-        warmup_s=1.0,
-        locust_profile="",
-    )
+    name = args.name or _config_name(env)
+    counts = args.connections
     out_dir = _out_dir(args.out, "capacity")
     out_dir.mkdir(parents=True, exist_ok=True)
     server_cores, generator_cores = split_cores(usable_cores())
-    configs = [config] + ([] if args.no_relay else [Config(name="relay", target="relay")])
+    configs: list[tuple[Config, Load]] = []
+    for n in counts:
+        suffix = f" @{n}" if len(counts) > 1 else ""
+        load = Load(
+            connections=n,
+            room_size=args.room_size,
+            rates=(args.start_rate,),
+            step_s=args.step_s,
+            warmup_s=1.0,
+            locust_profile="",
+        )
+        configs.append((Config(name=name + suffix, env=env, locust=False), load))
+        if not args.no_relay:
+            configs.append((Config(name="relay" + suffix, target="relay"), load))
     results = Results(
         matrix="capacity",
         started=datetime.now().isoformat(timespec="seconds"),
         command="python -m bench.lab " + " ".join(sys.argv[1:]),
-        baseline=config.name,
+        baseline=configs[0][0].name,
         aa_pair=[],
-        repeat=1,
+        repeat=args.repeat,
         machine={**machine_facts(), "server_cores": server_cores},
-        configs={c.name: {"target": c.target, "env": c.env} for c in configs},
+        configs={c.name: {"target": c.target, "env": c.env} for c, _ in configs},
         ceilings=_saved_ceilings(),
     )
-    progress = Progress(len(configs) * 8 * (args.step_s + 4), "capacity", enabled=not args.quiet)
-    lab = Lab(out_dir, 1, server_cores, generator_cores, progress=progress, results=results)
+    per_climb_s = 9 * (args.step_s + 3) + 10
+    progress = Progress(
+        len(configs) * args.repeat * per_climb_s, "capacity", enabled=not args.quiet
+    )
+    lab = Lab(
+        out_dir, args.repeat, server_cores, generator_cores, progress=progress, results=results
+    )
     try:
-        lab.start_auth(20)
-        for c in configs:
-            run = climb(
-                lab,
-                c,
-                load,
-                slo_ms=slo,
-                start_rate=args.start_rate,
-                factor=args.factor,
-                max_rate=args.max_rate,
-            )
-            results.runs.append(run)
-            progress.done_run(run, 0)
-            if lab.interrupted:
-                results.interrupted = True
-                break
+        lab.start_auth(max(20, max(counts) // args.room_size))
+        for repeat in range(args.repeat):  # interleaved: every configuration, then again
+            for config, load in configs:
+                run = climb(
+                    lab,
+                    config,
+                    load,
+                    slo_ms=slo,
+                    start_rate=args.start_rate,
+                    factor=args.factor,
+                    max_rate=args.max_rate,
+                    resolution=args.resolution,
+                    repeat=repeat,
+                )
+                results.runs.append(run)
+                results.save(out_dir / "results.json")
+                progress.done_run(run, repeat)
+                if lab.interrupted:
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         results.interrupted = True
     finally:
         lab.close()
         progress.close()
-    edges = {r.config: edge(r, slo) for r in results.runs}
-    found = edges.get(config.name, {})
-    capacity = {"slo_ms": slo, "edges": edges}
-    relay = edges.get("relay")
-    if found and relay and relay["capacity_delivered_per_s"]:
-        capacity["fraction_of_relay"] = round(
-            found["capacity_delivered_per_s"] / relay["capacity_delivered_per_s"], 3
-        )
-    if args.target_load and found:
-        capacity["plan"] = plan(found["capacity_delivered_per_s"], args.target_load)
+    capacity: dict[str, Any] = {"slo_ms": slo, "knees": _knees(results)}
+    if args.target_load:
+        first = capacity["knees"].get(configs[0][0].name)
+        if first:
+            capacity["plan"] = plan(first["median_delivered_per_s"], args.target_load)
     results.capacity = capacity
     results.save(out_dir / "results.json")
     status = _finish(results, out_dir)
-    print(f"\ncapacity at {args.slo}:")
-    for name, e in edges.items():
-        limited = (
-            " (generator-limited: the edge is the driver's)"
-            if e["generator_limited_at_edge"]
+    print(f"\ncapacity at {args.slo} (median of {args.repeat} climb(s), min-max):")
+    for name_, knee in capacity["knees"].items():
+        at_least = "≥ " if knee["lower_bound"] else ""
+        why = (
+            " (driver-limited: the knee is beyond)"
+            if knee["driver_limited"]
+            else " (held up to --max-rate: the knee is beyond)"
+            if knee["lower_bound"]
             else ""
         )
         print(
-            f"  {name}: {e['capacity_delivered_per_s']:,} delivered/s "
-            f"({e['capacity_sent_per_s']:,} sent/s){limited}"
+            f"  {name_}: {at_least}{knee['median_delivered_per_s']:,.0f} delivered/s "
+            f"({knee['min_delivered_per_s']:,.0f}-{knee['max_delivered_per_s']:,.0f}){why}"
         )
-    if "fraction_of_relay" in capacity:
-        print(f"  chat server / bare relay: {capacity['fraction_of_relay']:.2f}")
+    for n in counts:
+        suffix = f" @{n}" if len(counts) > 1 else ""
+        chat, relay = capacity["knees"].get(name + suffix), capacity["knees"].get("relay" + suffix)
+        if chat and relay and relay["median_delivered_per_s"]:
+            ratio = chat["median_delivered_per_s"] / relay["median_delivered_per_s"]
+            bound = "≥ " if chat["lower_bound"] and not relay["lower_bound"] else ""
+            bound = "~ " if chat["lower_bound"] and relay["lower_bound"] else bound
+            print(f"  {n} connections: chat server / bare relay {bound}{ratio:.2f}")
     if "plan" in capacity:
         p = capacity["plan"]
         print(
             f"  plan for {p['target_delivered_per_s']:,.0f} delivered/s: {p['instances']} instances"
         )
     return status
+
+
+def _knees(results: Results) -> dict[str, dict[str, Any]]:
+    """Per configuration: the median, min and max knee over its repeats, and whether the
+    driver limited any of them (then the knee is a lower bound)."""
+    knees: dict[str, dict[str, Any]] = {}
+    for run in results.runs:
+        if not run.knee:
+            continue
+        entry = knees.setdefault(
+            run.config, {"delivered_per_s": [], "driver_limited": False, "lower_bound": False}
+        )
+        entry["delivered_per_s"].append(run.knee["capacity_delivered_per_s"])
+        entry["driver_limited"] |= bool(run.knee["generator_limited_at_edge"])
+        entry["lower_bound"] |= bool(run.knee.get("lower_bound"))
+        entry["connections"] = run.knee.get("connections")
+    for entry in knees.values():
+        values = sorted(entry["delivered_per_s"])
+        entry["median_delivered_per_s"] = statistics.median(values)
+        entry["min_delivered_per_s"], entry["max_delivered_per_s"] = values[0], values[-1]
+    return knees
 
 
 def cmd_ceiling(args: argparse.Namespace) -> int:
@@ -297,7 +349,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-rate", type=float, default=30000, help="highest offered rate, sends/s [30000]"
     )
     cap.add_argument("--step-s", type=float, default=5, help="seconds per step [5]")
-    cap.add_argument("--connections", type=int, default=200, help="connections [200]")
+    cap.add_argument(
+        "--connections",
+        type=_counts,
+        default=(200,),
+        help="connections, or a comma list to sweep (e.g. 200,2000) [200]",
+    )
+    cap.add_argument(
+        "--resolution",
+        type=float,
+        default=0.05,
+        help="bisect until the first broken rate is within this of the last held [0.05]",
+    )
+    cap.add_argument(
+        "--repeat", type=int, default=1, help="climbs per configuration, interleaved [1]"
+    )
     cap.add_argument("--room-size", type=int, default=10, help="connections per room [10]")
     cap.add_argument(
         "--target-load",
@@ -338,6 +404,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--env {bad[0]!r}: expected NAME=VALUE")
         if args.factor <= 1 or args.start_rate <= 0 or args.max_rate < args.start_rate:
             parser.error("--factor must be > 1 and 0 < --start-rate <= --max-rate")
+        if args.command == "capacity":
+            if not 0 < args.resolution < args.factor - 1:
+                parser.error("--resolution must be > 0 and below --factor - 1")
+            if args.repeat < 1:
+                parser.error("--repeat must be 1 or more")
+            if any(n % args.room_size for n in args.connections):
+                parser.error("--connections must be multiples of --room-size")
         try:
             from bench.lab.capacity import parse_slo
 

@@ -1,12 +1,14 @@
-"""Capacity: step the offered load up until the SLO breaks, for a configuration and the relay.
+"""Capacity: climb the offered load to the SLO's knee, for configurations and the relays.
 
-The fast driver offers a fixed rate for ``step_s`` seconds, one rate at a time, rising by
-``factor``; the first rate whose fan-out percentiles break the SLO (or loses a message)
-ends the climb, and one more step halfway (geometrically) between the last rate that held
-and the first that broke narrows the edge. Capacity is the highest *delivered* rate that
-held. The bare relay is climbed the same way in the same run, so the chat server's
-capacity is stated as a fraction of what the transport alone does. A step where the
-driver itself was the bottleneck is marked: then the edge is the driver's, not the server's.
+One fast-driver process per climb (one set of connections): it offers a fixed rate for
+``step_s`` seconds, multiplies it by ``factor`` while the fan-out percentiles hold the SLO
+with nothing lost, then bisects (geometrically) between the last rate held and the first
+broken until they are within ``resolution`` (5 %). A step whose per-second timeline shows a
+stall (a second over 10x the step's median p99, or one with no delivery) is marked and run
+once more, and the re-run decides. Capacity is the highest *delivered* rate that held. The
+bare relay is climbed the same way in the same run, so the chat server's capacity is stated
+as a fraction of what the transport alone does. A step where the driver itself was the
+bottleneck ends the climb and is marked: then the knee is at least that, and the driver's.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from dataclasses import replace
 from typing import Any
 
 from bench.lab.matrix import Config, Load
-from bench.lab.results import Run, Step, parse_slo
+from bench.lab.results import Run, edge, parse_slo
 from bench.lab.runner import Lab
-from bench.lab.sampler import Sampler
 
-__all__ = ["climb", "edge", "parse_slo", "plan"]
+__all__ = ["climb", "edge", "parse_slo", "plan", "slo_text"]
+
+
+def slo_text(slo_ms: dict[str, float]) -> str:
+    """``{"p99": 100.0}`` → ``"p99=100"`` (what the driver's ``--climb`` takes)."""
+    return ",".join(f"{k}={v:g}" for k, v in slo_ms.items())
 
 
 def climb(
@@ -33,11 +39,21 @@ def climb(
     start_rate: float,
     factor: float,
     max_rate: float,
+    resolution: float = 0.05,
     repeat: int = 0,
 ) -> Run:
-    """Climb one configuration: one server, one driver run per rate; the Run with every step."""
+    """Climb one configuration with one server and one driver; the Run, its knee filled."""
     workdir, run, sampler = lab.begin_run(config, repeat, "capacity")
     server = None
+    climbing = replace(
+        load,
+        rates=(round(start_rate),),
+        warmup_s=min(load.warmup_s, 1.0),
+        climb=slo_text(slo_ms),
+        factor=factor,
+        resolution=resolution,
+        max_rate=max_rate,
+    )
     try:
         server, _ = lab.start_target(config, workdir)
         assert server.proc is not None
@@ -45,25 +61,9 @@ def climb(
         if lab.redis is not None and lab.redis.proc is not None:
             sampler.watch("redis", lab.redis.proc.pid)
         time.sleep(load.settle_s)
-        url = server.url  # type: ignore[attr-defined]
-        rate = start_rate
-        held: float | None = None
-        broke: float | None = None
-        while rate <= max_rate:
-            step = _one_step(lab, config, load, rate, url=url, workdir=workdir, sampler=sampler)
-            run.steps.append(step)
-            lab._phase(config, repeat, f"{rate:,.0f} sent/s: p99 {step.latency_ms['p99']:.1f} ms")
-            if step.holds(slo_ms):
-                held = rate
-                rate *= factor
-            else:
-                broke = rate
-                break
-        if held is not None and broke is not None:
-            middle = math.sqrt(held * broke)
-            run.steps.append(
-                _one_step(lab, config, load, middle, url=url, workdir=workdir, sampler=sampler)
-            )
+        lab._phase(config, repeat, f"climbing from {start_rate:,.0f} sent/s")
+        run.steps.extend(lab.fast_step(config, climbing, server.url, workdir, sampler))  # type: ignore[attr-defined]
+        run.knee = {**edge(run, slo_ms), "room_size": load.room_size}
     except KeyboardInterrupt:
         run.status = "interrupted"
         lab.interrupted = True
@@ -75,45 +75,6 @@ def climb(
             lab.stop_target(server, run)
         run.samples = sampler.stop()
     return run
-
-
-def _one_step(
-    lab: Lab, config: Config, load: Load, rate: float, *, url: str, workdir: Any, sampler: Sampler
-) -> Step:
-    one = replace(load, rates=(round(rate),), warmup_s=min(load.warmup_s, 1.0))
-    steps = lab.fast_step(config, one, url, workdir, sampler)
-    return steps[-1]
-
-
-def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
-    """What a climb found: the highest delivered rate that held, and the step that broke."""
-    held = [s for s in run.steps if s.holds(slo_ms)]
-    broken = [s for s in run.steps if not s.holds(slo_ms)]
-    best = max(held, key=lambda s: s.delivered_per_s, default=None)
-    first_break = min(broken, key=lambda s: s.offered_per_s or 0, default=None)
-    return {
-        "config": run.config,
-        "capacity_delivered_per_s": round(best.delivered_per_s) if best else 0,
-        "capacity_sent_per_s": round(best.sent_per_s) if best else 0,
-        "p99_ms_at_capacity": best.latency_ms["p99"] if best else None,
-        "first_break_offered_per_s": first_break.offered_per_s if first_break else None,
-        "first_break_p99_ms": first_break.latency_ms["p99"] if first_break else None,
-        "generator_limited_at_edge": bool(
-            (first_break and first_break.generator_limited) or (best and best.generator_limited)
-        ),
-        "steps": [
-            {
-                "offered_per_s": s.offered_per_s,
-                "delivered_per_s": round(s.delivered_per_s),
-                "p99_ms": s.latency_ms["p99"],
-                "holds": s.holds(slo_ms),
-                "generator_limited": s.generator_limited,
-            }
-            for s in sorted(run.steps, key=lambda s: s.offered_per_s or 0)
-        ],
-        "status": run.status,
-        "error": run.error,
-    }
 
 
 def plan(capacity_per_instance: float, target_delivered_per_s: float) -> dict[str, Any]:

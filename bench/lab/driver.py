@@ -78,8 +78,14 @@ from picows import (
     WSTransport,
     ws_connect,
 )
+from websockets.extensions.permessage_deflate import (
+    ClientPerMessageDeflateFactory,
+    PerMessageDeflate,
+)
+from websockets.frames import Frame, Opcode
+from websockets.headers import build_extension, parse_extension
 
-from bench.lab.results import PERCENTILES, Step, TimePoint
+from bench.lab.results import PERCENTILES, Step, TimePoint, parse_slo, stalled_points
 from chat_server.codecs import CODEC_NAMES, Codec, chat_pb2, get_codec
 from chat_server.messages import Join, Send, ServerMessage
 from chat_server.runtime import loop_factory, pin_cpus, raise_open_files_limit
@@ -126,6 +132,9 @@ MAX_PENDING_ACKS = 65_536
 MAX_FRAME_BYTES = 2**20
 #: how long closing the connections may take at the end
 CLOSE_TIMEOUT_S = 2.0
+#: climb: after a broken step, wait until nothing has arrived for this long (the server
+#: caught up) before the next step, but no longer than SETTLE_MOST_S
+SETTLE_QUIET_S, SETTLE_MOST_S = 0.3, 8.0
 
 TARGETS = ("chat", "relay")
 DEFAULT_URLS = {"chat": "ws://127.0.0.1:8000/ws", "relay": "ws://127.0.0.1:8765/ws"}
@@ -158,6 +167,12 @@ class DriverConfig:
     connect_timeout_s: float
     t0_monotonic: float | None = None
     retry: bool = False
+    deflate: bool = False  # offer permessage-deflate (RFC 7692) as browsers do
+    climb_slo: dict[str, float] | None = None  # climb to the knee instead of fixed rates
+    factor: float = 1.4  # climb: rate multiplier while the SLO holds
+    resolution: float = 0.05  # climb: stop when first broken / last held <= 1 + this
+    max_rate: float = math.inf  # climb: never offer more than this
+    min_rate: float = 1.0  # climb: never offer less than this
 
 
 def load_tokens(path: Path) -> tuple[str, ...]:
@@ -266,6 +281,28 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         help="chat: sends carry a ref; resend after unavailable, reopen and resend after a "
         "dropped connection [off]",
     )
+    parser.add_argument(
+        "--deflate",
+        choices=("on", "off"),
+        default="off",
+        help="offer permessage-deflate (RFC 7692) as browsers do and compress when the "
+        "server accepts it [off]",
+    )
+    parser.add_argument(
+        "--climb",
+        metavar="SLO",
+        help="climb instead of running the rates: start at the first --rates value, "
+        "multiply by --factor while the step holds SLO (e.g. p99=100; no delivery lost), "
+        "then bisect between the last held and the first broken rate until they are "
+        "within --resolution; a stalled step is marked and run once more",
+    )
+    parser.add_argument("--factor", type=float, default=1.4, help="climb: rate multiplier [1.4]")
+    parser.add_argument(
+        "--resolution", type=float, default=0.05, help="climb: relative width of the edge [0.05]"
+    )
+    parser.add_argument(
+        "--max-rate", type=float, default=math.inf, help="climb: highest rate, sends/s [none]"
+    )
     parser.add_argument("--log-level", default="warning", help="logging level [warning]")
     args = parser.parse_args(argv)
 
@@ -284,6 +321,16 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: 0 or more")
     if not args.connect_timeout_s > 0:
         parser.error(f"--connect-timeout-s {args.connect_timeout_s}: allowed: more than 0")
+    climb_slo = None
+    if args.climb is not None:
+        try:
+            climb_slo = parse_slo(args.climb)
+        except ValueError as exc:
+            parser.error(f"--climb {args.climb!r}: {exc}")
+        if not args.factor > 1 or not 0 < args.resolution < args.factor - 1:
+            parser.error("--factor must be > 1 and 0 < --resolution < --factor - 1")
+        if not args.max_rate >= args.rates[0]:
+            parser.error(f"--max-rate {args.max_rate:g}: allowed: at least the first rate")
     if args.body_chars < MIN_BODY_CHARS:
         parser.error(f"--body-chars {args.body_chars}: allowed: {MIN_BODY_CHARS} or more")
     if args.json_out is not None and not args.json_out.parent.is_dir():
@@ -322,6 +369,12 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         retry=args.retry and target == "chat",
         connect_timeout_s=args.connect_timeout_s,
         t0_monotonic=args.t0_monotonic,
+        deflate=args.deflate == "on",
+        climb_slo=climb_slo,
+        factor=args.factor,
+        resolution=args.resolution,
+        max_rate=args.max_rate,
+        min_rate=args.rates[0] / args.factor**4,
     )
 
 
@@ -575,6 +628,7 @@ class StepRecorder:
         self.timeline: list[TimePoint] = []
         self.cpu_percent: float | None = None
         self.runq_wait_share: float | None = None  # of the send phase (Linux schedstat)
+        self.send_points = 0  # timeline points of the send phase (the rest are its drain)
 
     def result(self) -> Step:
         """The step as the results model has it, with the generator-limited verdict."""
@@ -620,6 +674,7 @@ class StepRecorder:
             histogram=self.latency.encoded(),
             ack_latency_ms=self.ack_latency.percentiles_ms(),
             started_s=self.started_s,
+            stall_s=[p.t_s for p in stalled_points(self.timeline[: self.send_points])],
         )
 
 
@@ -778,6 +833,80 @@ class Connection(WSListener):  # type: ignore[misc]
         return bool(buffered > MAX_BUFFERED_BYTES)
 
 
+def next_climb_rate(rate: float, held: float, broke: float, config: DriverConfig) -> float | None:
+    """The climb's next rate after ``rate``, given the highest rate that held so far (0:
+    none) and the lowest that broke (inf: none); None when the edge is found (within
+    ``resolution``) or the climb hit ``max_rate`` or ``min_rate``."""
+    if broke == math.inf:
+        return None if rate >= config.max_rate else min(rate * config.factor, config.max_rate)
+    if held == 0:
+        return None if rate / config.factor < config.min_rate else rate / config.factor
+    if broke / held <= 1 + config.resolution:
+        return None
+    return math.sqrt(held * broke)
+
+
+def _worth_a_rerun(step: Step, slo: dict[str, float]) -> bool:
+    """A stalled step is run again when it held anyway, or when every second but the
+    stalled ones kept the SLO's p99 (a passing stall, not an overload)."""
+    if step.holds(slo):
+        return True
+    bound = slo.get("p99")
+    calm = [p for p in step.timeline if p.t_s not in step.stall_s]
+    return bound is not None and all(p.p99_ms is not None and p.p99_ms < bound for p in calm)
+
+
+#: the permessage-deflate offer, as browsers make it (and websockets' client by default)
+_DEFLATE_FACTORY = ClientPerMessageDeflateFactory(
+    client_max_window_bits=True, compress_settings={"memLevel": 5}
+)
+DEFLATE_OFFER = build_extension([(_DEFLATE_FACTORY.name, _DEFLATE_FACTORY.get_request_params())])
+_OPCODES = {WSMsgType.TEXT: Opcode.TEXT, WSMsgType.BINARY: Opcode.BINARY}
+
+
+def negotiated_deflate(extensions_header: str | None) -> PerMessageDeflate | None:
+    """The compressor the server's ``Sec-WebSocket-Extensions`` reply agreed on, or None."""
+    if not extensions_header:
+        return None
+    for name, params in parse_extension(extensions_header):
+        if name == _DEFLATE_FACTORY.name:
+            return _DEFLATE_FACTORY.process_response_params(params, [])
+    return None
+
+
+class DeflateConnection(Connection):
+    """A :class:`Connection` that offered permessage-deflate (RFC 7692): once the server
+    accepted it, what it sends is compressed (rsv1 set) and what arrives compressed is
+    inflated, by websockets' sans-I/O :class:`PerMessageDeflate` (context takeover kept)."""
+
+    __slots__ = ("deflate", "send_raw")
+
+    def on_ws_connected(self, transport: WSTransport) -> None:
+        super().on_ws_connected(transport)
+        self.deflate = negotiated_deflate(
+            transport.response.headers.get("Sec-WebSocket-Extensions")
+        )
+        if self.deflate is not None:
+            self.send_raw = transport.send
+            self.send = self._send_deflated
+
+    def _send_deflated(self, msg_type: WSMsgType, message: bytes | bytearray) -> None:
+        frame = self.deflate.encode(Frame(_OPCODES[msg_type], message))
+        self.send_raw(msg_type, frame.data, True, True)
+
+    def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
+        payload = frame.get_payload_as_bytes()
+        if frame.rsv1 and self.deflate is not None:
+            compressed = Frame(_OPCODES[frame.msg_type], payload, frame.fin, True)
+            payload = bytes(self.deflate.decode(compressed, max_size=MAX_FRAME_BYTES).data)
+        at = payload.find(MARKER)
+        if at >= 0:
+            self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
+            self.record_received_ns(perf_counter_ns())
+            return
+        self._other_frame(transport, frame, payload)
+
+
 def _runq_wait_ns() -> int | None:
     """Nanoseconds this thread has waited, runnable, for a CPU (None where Linux does not say)."""
     try:
@@ -841,9 +970,12 @@ class Driver:
         config = self.config
         room, members = self._room(index)
         frame, digits, ref_digits = send_frame(self.codec, room, config.body_chars, config.retry)
-        conn = Connection(self, index, members, frame, digits, ref_digits=ref_digits)
+        kind = DeflateConnection if config.deflate else Connection
+        conn = kind(self, index, members, frame, digits, ref_digits=ref_digits)
         url = config.url
         headers: dict[str, str] = {}
+        if config.deflate:
+            headers["Sec-WebSocket-Extensions"] = DEFLATE_OFFER
         if config.target == "relay":
             url += ("&" if "?" in url else "?") + f"room={room}"
         else:
@@ -1134,6 +1266,8 @@ class Driver:
                 now_ns = perf_counter_ns()
                 self._time_point(recorder, point_ns, now_ns)
                 point_ns = now_ns
+            if flush_ns <= end_ns:
+                recorder.send_points = len(recorder.timeline)
         await sender
 
     async def run(self) -> int:
@@ -1170,18 +1304,73 @@ class Driver:
             warmup.errors = first.errors  # errors while warming up count to the first step
             self.current = warmup
             await self.run_step(config.rates[0], warmup, drain_s=0, recorded=False)
+        if config.climb_slo is not None:
+            await self._climb(config.climb_slo, first, steps)
+            return
         for index, rate in enumerate(config.rates):
-            recorder = (
-                first
-                if index == 0
-                else StepRecorder(f"rate {rate:g}/s", rate, config.step_s, config.connections)
-            )
-            await self.run_step(rate, recorder, config.drain_s)
-            step = recorder.result()
-            self.finished.append((recorder, step))
-            steps.append(step)
-            print(summary_line(step), file=sys.stderr, flush=True)
-            self.write(steps)
+            await self._recorded_step(rate, first if index == 0 else None, steps)
+
+    async def _recorded_step(
+        self, rate: float, recorder: StepRecorder | None, steps: list[Step]
+    ) -> Step:
+        """Run one recorded step at ``rate``; its Step, appended to ``steps`` and written."""
+        config = self.config
+        if recorder is None:
+            recorder = StepRecorder(f"rate {rate:g}/s", rate, config.step_s, config.connections)
+        await self.run_step(rate, recorder, config.drain_s)
+        step = recorder.result()
+        step.body_chars = config.body_chars
+        step.frame_bytes = len(self.connections[0].frame) if self.connections else 0
+        step.deflate = bool(self.connections) and all(
+            getattr(c, "deflate", None) is not None for c in self.connections
+        )
+        self.finished.append((recorder, step))
+        steps.append(step)
+        print(summary_line(step), file=sys.stderr, flush=True)
+        self.write(steps)
+        return step
+
+    async def _climb(self, slo: dict[str, float], first: StepRecorder, steps: list[Step]) -> None:
+        """Find the knee: multiply the rate by ``factor`` while the SLO holds, then bisect
+        (geometrically) between the last held and the first broken rate until they are
+        within ``resolution``. A stalled step (:func:`stalled_points`) that held, or that
+        broke only in its stalled seconds, is run once more and the re-run decides. A step
+        that held while the driver was the limit ends the climb: the knee is beyond it."""
+        config = self.config
+        held, broke = 0.0, math.inf
+        rate = config.rates[0]
+        recorder: StepRecorder | None = first
+        while True:
+            rate = round(rate)
+            step = await self._recorded_step(rate, recorder, steps)
+            recorder = None
+            if step.stall_s and _worth_a_rerun(step, slo):
+                step.superseded = True
+                await self._settle()
+                step = await self._recorded_step(rate, None, steps)
+                step.rerun = True
+                self.write(steps)
+            if step.holds(slo):
+                held = max(held, rate)
+                if step.generator_limited:
+                    return  # the driver, not the target, is the limit: higher says nothing
+            else:
+                broke = min(broke, rate)
+                await self._settle()
+            following = next_climb_rate(rate, held, broke, config)
+            if following is None:
+                return
+            rate = following
+
+    async def _settle(self) -> None:
+        """Wait until nothing has arrived for :data:`SETTLE_QUIET_S` (at most
+        :data:`SETTLE_MOST_S`): a step after an overload starts on a server that caught up."""
+        deadline = perf_counter_ns() + int(SETTLE_MOST_S * 1e9)
+        while perf_counter_ns() < deadline:
+            before = len(self.delivery_received_ns) + len(self.ack_us)
+            await asyncio.sleep(SETTLE_QUIET_S)
+            if len(self.delivery_received_ns) + len(self.ack_us) == before:
+                return
 
     def write(self, steps: list[Step]) -> None:
         """Write ``--json-out`` (atomically), if asked."""

@@ -20,6 +20,10 @@ MATRICES_DIR = Path(__file__).resolve().parent.parent / "matrices"
 
 TARGETS = ("chat", "relay")
 AUTH_MODES = ("prelogin", "login")
+#: a climb's steps at most (for time estimates and timeouts: doubling up, then bisecting)
+MAX_CLIMB_STEPS = 14
+#: a climb waits up to this long after a broken step for the target to catch up
+CLIMB_SETTLE_S = 8.0
 
 
 class MatrixError(ValueError):
@@ -39,10 +43,23 @@ class Load:
     locust_profile: str = "smoke"  # a loadtest/profiles.py name, or "" for no Locust run
     locust_stages: str = ""  # overrides the profile's stages (same syntax as --stages)
     settle_s: float = 1.0  # idle time after the server is up, before the first driver
+    # a capacity climb instead of fixed rates: the SLO (e.g. "p99=100"); the fast driver
+    # starts at rates[0], multiplies by ``factor`` while the SLO holds, then bisects
+    # between the last rate held and the first broken until within ``resolution``
+    climb: str = ""
+    factor: float = 1.4
+    resolution: float = 0.05
+    max_rate: float = 0.0  # the climb's highest offered rate (0: none)
 
     def fast_duration_s(self) -> float:
-        """Seconds one fast-driver run takes (connects not counted)."""
-        return self.warmup_s + len(self.rates) * (self.step_s + self.drain_s)
+        """Seconds one fast-driver run takes (connects not counted; a climb: its most)."""
+        steps = MAX_CLIMB_STEPS if self.climb else len(self.rates)
+        settle = CLIMB_SETTLE_S if self.climb else 0.0
+        return self.warmup_s + steps * (self.step_s + self.drain_s + settle)
+
+    def climb_steps_expected(self) -> int:
+        """About how many steps a climb takes: the doubling-up, then the bisection."""
+        return 8 if self.climb else len(self.rates)
 
     def locust_duration_s(self) -> float:
         """Seconds one Locust run takes (its start-up not counted)."""
@@ -107,7 +124,9 @@ class Matrix:
             load = self.load_of(config)
             run_s = per_run_overhead_s + load.settle_s
             if config.fast:
-                run_s += load.fast_duration_s() + 2
+                steps = load.climb_steps_expected()
+                run_s += load.warmup_s + steps * (load.step_s + load.drain_s) + 2
+                run_s += 2 * load.climb_steps_expected() if load.climb else 0  # settling
             if config.locust and config.target == "chat" and load.locust_profile:
                 run_s += load.locust_duration_s() + 4
             total += run_s
@@ -132,6 +151,15 @@ def _load_table(data: dict[str, Any], where: str, base: Load | None = None) -> L
         if not values["rates"] or min(values["rates"]) <= 0:
             raise MatrixError(f"{where}: rates must be a non-empty list of positive numbers")
     load = replace(base, **values)
+    if load.climb:
+        from bench.lab.results import parse_slo
+
+        try:
+            parse_slo(load.climb)
+        except ValueError as exc:
+            raise MatrixError(f"{where}: climb {load.climb!r}: {exc}") from None
+        if not load.factor > 1 or not 0 < load.resolution < load.factor - 1:
+            raise MatrixError(f"{where}: a climb needs factor > 1 and 0 < resolution < factor - 1")
     if load.locust_profile and load.locust_profile not in PROFILES:
         raise MatrixError(
             f"{where}: locust_profile {load.locust_profile!r}: allowed {sorted(PROFILES)} or ''"

@@ -231,3 +231,49 @@ class Results:
     def runs_of(self, config: str) -> list[Run]:
         """The runs of one configuration, in repeat order."""
         return [r for r in self.runs if r.config == config]
+
+
+def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
+    """What a climb found: the highest delivered rate that held, the step that broke, and
+    the shape it was measured at (a step the climb ran again, ``superseded``, is left out;
+    Locust steps are not part of a climb)."""
+    climbed = [s for s in run.steps if s.driver == "fast" and not s.superseded]
+    held = [s for s in climbed if s.holds(slo_ms)]
+    broken = [s for s in climbed if not s.holds(slo_ms)]
+    best = max(held, key=lambda s: s.delivered_per_s, default=None)
+    first_break = min(broken, key=lambda s: s.offered_per_s or 0, default=None)
+    return {
+        "config": run.config,
+        "capacity_delivered_per_s": round(best.delivered_per_s) if best else 0,
+        "capacity_sent_per_s": round(best.sent_per_s) if best else 0,
+        "p99_ms_at_capacity": best.latency_ms["p99"] if best else None,
+        "first_break_offered_per_s": first_break.offered_per_s if first_break else None,
+        "first_break_p99_ms": first_break.latency_ms["p99"] if first_break else None,
+        "generator_limited_at_edge": bool(
+            (first_break and first_break.generator_limited) or (best and best.generator_limited)
+        ),
+        # the knee is only a lower bound: the driver limited the edge, or nothing broke
+        "lower_bound": bool(
+            first_break is None
+            or first_break.generator_limited
+            or (best is not None and best.generator_limited)
+        ),
+        "steps": [
+            {
+                "offered_per_s": s.offered_per_s,
+                "delivered_per_s": round(s.delivered_per_s),
+                "p99_ms": s.latency_ms["p99"],
+                "holds": s.holds(slo_ms),
+                "generator_limited": s.generator_limited,
+            }
+            for s in sorted(climbed, key=lambda s: s.offered_per_s or 0)
+        ],
+        "reruns": sum(1 for s in climbed if s.rerun),
+        "stalled_steps": sum(1 for s in run.steps if s.driver == "fast" and s.stall_s),
+        "connections": climbed[0].connections if climbed else 0,
+        "body_chars": climbed[0].body_chars if climbed else 0,
+        "frame_bytes": climbed[0].frame_bytes if climbed else 0,
+        "deflate": bool(climbed and climbed[0].deflate),
+        "status": run.status,
+        "error": run.error,
+    }

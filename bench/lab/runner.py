@@ -43,7 +43,7 @@ from bench.harness import (
     free_port,
 )
 from bench.lab.matrix import Config, Load, Matrix
-from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint
+from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint, edge, parse_slo
 from bench.lab.sampler import Sampler
 
 log = logging.getLogger("bench.lab")
@@ -492,6 +492,13 @@ class Lab:
                 "--token-file",
                 str(self.token_file),
             ]
+            if config.env.get("WS_DEFLATE") == "on":
+                command += ["--deflate", "on"]  # as browsers do: deflate is measured with deflate
+        if load.climb:
+            command += ["--climb", load.climb, "--factor", f"{load.factor:g}"]
+            command += ["--resolution", f"{load.resolution:g}"]
+            if load.max_rate > 0:
+                command += ["--max-rate", f"{load.max_rate:g}"]
         proc = self._spawn(command, workdir, "fast-driver.log")
         sampler.watch("generator", proc.pid)
         status = self._wait(proc, load.fast_duration_s() + 120)
@@ -591,8 +598,10 @@ class Lab:
             time.sleep(load.settle_s)
             url = server.url  # type: ignore[attr-defined]
             if config.fast:
-                self._phase(config, repeat, "fast driver")
+                self._phase(config, repeat, "fast driver climb" if load.climb else "fast driver")
                 run.steps.extend(self.fast_step(config, load, url, workdir, sampler))
+                if load.climb:
+                    run.knee = {**edge(run, parse_slo(load.climb)), "room_size": load.room_size}
             if config.locust and config.target == "chat" and load.locust_profile:
                 self._phase(config, repeat, "locust")
                 run.steps.append(self.locust_run(config, load, url, workdir, sampler))
@@ -635,17 +644,17 @@ def _locust_stages(load: Load) -> tuple[Any, ...]:
 
 
 #: said of every WS_DEFLATE=on configuration the fast driver runs against
-FAST_DRIVER_NO_DEFLATE = (
-    "The fast driver (picows) cannot negotiate permessage-deflate, so its steps run "
-    "uncompressed here; Locust offers it, as browsers do, so its step is compressed."
+FAST_DRIVER_DEFLATE = (
+    "The fast driver offers permessage-deflate as browsers do, so its steps here are "
+    "compressed both ways (the driver's own ceiling with deflate is in the report)."
 )
 
 
 def _describe(config: Config) -> str:
-    """The configuration's description, plus what the drivers could not exercise."""
+    """The configuration's description, plus how the drivers exercised it."""
     text = config.description
     if config.fast and config.env.get("WS_DEFLATE") == "on":
-        text = f"{text} {FAST_DRIVER_NO_DEFLATE}".strip()
+        text = f"{text} {FAST_DRIVER_DEFLATE}".strip()
     return text
 
 

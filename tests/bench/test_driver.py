@@ -22,8 +22,18 @@ import pytest
 from hdrh.histogram import HdrHistogram
 
 from bench.harness import ROOT, KeyPair, ServerProcess, free_port
-from bench.lab.driver import DIGITS, MARKER, LatencyHistogram, send_frame
-from bench.lab.results import PERCENTILES, Step
+from bench.lab.driver import (
+    DEFLATE_OFFER,
+    DIGITS,
+    MARKER,
+    MIN_BODY_CHARS,
+    DriverConfig,
+    LatencyHistogram,
+    negotiated_deflate,
+    next_climb_rate,
+    send_frame,
+)
+from bench.lab.results import PERCENTILES, Step, TimePoint, stalled_points
 from chat_server.codecs import get_codec
 from chat_server.messages import Send
 
@@ -309,3 +319,106 @@ async def test_both_relays_send_every_frame_verbatim_to_their_whole_room(transpo
             with pytest.raises(ConnectionClosed) as closed:
                 await nowhere.recv()
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+@pytest.mark.parametrize("server_deflate", ["on", "off"])
+def test_driver_compresses_both_ways_when_the_server_accepts_deflate(
+    server_deflate: str,
+    start_server: Callable[..., ServerProcess],
+    keys: KeyPair,
+    tmp_path: Path,
+) -> None:
+    # the server inflates what it reads and deflates every broadcast: a delivery the
+    # driver did not inflate has no marker to find, a send it did not deflate right closes
+    server = start_server(
+        transport="websockets",
+        ws_deflate=server_deflate,
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        log_level="warning",
+    )
+    token_file = tmp_path / "tokens"
+    token_file.write_text(keys.mint("lab0") + "\n")
+    out = tmp_path / "steps.json"
+    result = run_driver(
+        *("--target", "chat", "--url", server.url, "--token-file", str(token_file)),
+        *(*SHORT_RUN, "--deflate", "on", "--json-out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    for step in assert_complete_steps(out, (200, 400), connections=20):
+        assert step.deflate is (server_deflate == "on")
+        assert step.frame_bytes > step.body_chars == MIN_BODY_CHARS
+
+
+def test_negotiated_deflate_reads_the_servers_reply() -> None:
+    assert negotiated_deflate(None) is None
+    assert negotiated_deflate("x-other") is None
+    assert "permessage-deflate" in DEFLATE_OFFER and "client_max_window_bits" in DEFLATE_OFFER
+    agreed = negotiated_deflate("permessage-deflate; server_max_window_bits=12")
+    assert agreed is not None and agreed.remote_max_window_bits == 12
+
+
+def test_a_climb_stops_at_the_highest_rate_when_every_step_holds(tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    with running_relay("picows") as url:
+        result = run_driver(
+            *("--target", "relay", "--url", url, "--connections", "20", "--rates", "100"),
+            *("--climb", "p99=5000", "--factor", "2", "--max-rate", "200", "--step-s", "1"),
+            *("--warmup-s", "0", "--drain-s", "0.5", "--json-out", str(out)),
+        )
+    assert result.returncode == 0, result.stderr
+    steps = [Step.from_dict(s) for s in json.loads(out.read_text())]
+    assert [s.offered_per_s for s in steps] == [100, 200]
+    assert all(s.holds({"p99": 5000}) and not s.superseded for s in steps)
+
+
+def _climb_config(**given: float) -> DriverConfig:
+    return DriverConfig(
+        target="relay",
+        url="ws://x/ws",
+        serializer="orjson",
+        tokens=(),
+        connections=10,
+        room_size=10,
+        room_prefix="lab",
+        rates=(1000.0,),
+        step_s=1,
+        warmup_s=0,
+        drain_s=0,
+        body_chars=MIN_BODY_CHARS,
+        json_out=None,
+        cores=None,
+        event_loop="asyncio",
+        connect_timeout_s=1,
+        **given,
+    )
+
+
+def test_a_climb_multiplies_while_it_holds_then_bisects_to_the_resolution() -> None:
+    config = _climb_config(factor=1.4, resolution=0.05, max_rate=10_000, min_rate=100)
+    inf = float("inf")
+    assert next_climb_rate(1000, 1000, inf, config) == pytest.approx(1400)
+    assert next_climb_rate(9000, 9000, inf, config) == 10_000  # capped
+    assert next_climb_rate(10_000, 10_000, inf, config) is None  # held at the top
+    assert next_climb_rate(1000, 0, 1000, config) == pytest.approx(1000 / 1.4)  # down
+    assert next_climb_rate(110, 0, 110, config) is None  # below min_rate
+    assert next_climb_rate(1960, 1400, 1960, config) == pytest.approx((1400 * 1960) ** 0.5)
+    assert next_climb_rate(1440, 1400, 1440, config) is None  # within 5 %
+    # from 1000 held and 1400 broken, three bisections reach 5 %
+    held, broke, rate, steps = 1000.0, 1400.0, 1400.0, 0
+    while (following := next_climb_rate(rate, held, broke, config)) is not None:
+        rate, steps = following, steps + 1
+        held, broke = (rate, broke) if rate < 1200 else (held, rate)
+    assert steps == 3 and broke / held <= 1.05
+
+
+def test_a_stalled_second_passes_ten_times_the_median_or_delivers_nothing() -> None:
+    def point(t: float, p99: float | None, delivered: float = 100.0) -> TimePoint:
+        return TimePoint(t_s=t, delivered_per_s=delivered, p99_ms=p99)
+
+    calm = [point(1, 3.0), point(2, 4.0), point(3, 29.0)]
+    assert stalled_points(calm) == []
+    gc = [point(1, 3.0), point(2, 145.0), point(3, 4.0)]
+    assert [p.t_s for p in stalled_points(gc)] == [2]
+    silent = [point(1, 3.0), point(2, None, delivered=0), point(3, 4.0)]
+    assert [p.t_s for p in stalled_points(silent)] == [2]
