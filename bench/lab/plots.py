@@ -10,6 +10,7 @@ not comparable. The grouping the report's tables use (:func:`compared_steps`,
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -100,11 +101,14 @@ def compared_steps(results: Results) -> dict[StepKey, dict[str, list[tuple[Run, 
     """Steps grouped by (driver, step name), then by configuration, in repeat order.
 
     Keys come fast driver first (by offered rate), then Locust; configurations in the
-    matrix's order. Failed runs are left out.
+    matrix's order. Failed runs are left out, and so are the steps of a capacity climb
+    (each configuration climbs its own rates: the ladder shows them, per configuration).
     """
     groups: dict[StepKey, dict[str, list[tuple[Run, Step]]]] = {}
     for run in measured_runs(results):
         for step in run.steps:
+            if run.knee and step.driver == "fast":
+                continue
             key = StepKey(step.driver, step.name, step.offered_per_s)
             groups.setdefault(key, {}).setdefault(run.config, []).append((run, step))
     order = {name: i for i, name in enumerate(config_names(results))}
@@ -379,6 +383,149 @@ def throughput(results: Results, out_png: Path) -> Path | None:
     return _save(fig, out_png)
 
 
+def capacity_ladder(results: Results, out_png: Path) -> Path | None:
+    """One bar per climbed chat configuration (its median knee over repeats, min-max
+    whiskers, hatched and marked "≥" when a lower bound), the relays as ceiling lines."""
+    from bench.lab.ladder import ladder
+
+    found = ladder(results)
+    if found is None or not found.chat_rungs:
+        return None
+    rungs = found.chat_rungs
+    fig, (ax,) = _figure(1, row_height=4.6)
+    colors = config_colors(results)
+    x = np.arange(len(rungs))
+    for i, rung in enumerate(rungs):
+        ax.bar(
+            i,
+            rung.median,
+            width=0.6,
+            color=colors.get(rung.config),
+            alpha=0.85,
+            hatch="//" if rung.lower_bound else None,
+            edgecolor="0.25",
+        )
+        ax.errorbar(
+            i,
+            rung.median,
+            yerr=[[rung.median - rung.low], [rung.high - rung.median]],
+            color="0.1",
+            capsize=6,
+            lw=1.2,
+        )
+        ax.annotate(
+            rung.label() + (" (driver-limited)" if rung.driver_limited else ""),
+            (i, rung.high),
+            textcoords="offset points",
+            xytext=(0, 4),
+            ha="center",
+            fontsize=8,
+        )
+    styles = ("--", ":", "-.")
+    for k, relay in enumerate(found.relays):
+        ax.axhline(
+            relay.median,
+            color="0.3",
+            ls=styles[k % len(styles)],
+            lw=1.3,
+            label=f"ceiling: {relay.config} {relay.label()}/s",
+        )
+    ax.set_xticks(x, [r.config for r in rungs], rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel("knee: delivered messages/s at fan-out p99 < 100 ms")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(_THOUSANDS)
+    ax.grid(True, axis="y", alpha=0.3)
+    if found.relays:
+        ax.legend(fontsize=8, loc="upper left")
+    n = max(len(r.knees) for r in rungs)
+    fig.suptitle(
+        f"Capacity ladder: median knee over {n} repeat(s), min-max whiskers; hatched = lower bound"
+    )
+    return _save(fig, out_png)
+
+
+def server_tail(run: Run, out_png: Path) -> Path | None:
+    """One run's fan-out latency per second (fast driver; stalled seconds shaded) over the
+    server's own view of the same seconds: GC pause time by generation, event-loop lag
+    and commit time (``Run.metric_series``), with its notable events (``Run.tail_events``)."""
+    points = [p for s in run.steps if s.driver == "fast" for p in s.timeline if p.p99_ms]
+    if not points or not run.metric_series:
+        return None
+    stalls = [t for s in run.steps if s.driver == "fast" for t in s.stall_s]
+    fig, axes = _figure(3, row_height=1.9, sharex=True)
+    ax = axes[0]
+    ax.plot([p.t_s for p in points], [p.p99_ms for p in points], ".-", ms=3, lw=1, label="p99")
+    ax.plot(
+        [p.t_s for p in points], [p.p50_ms or 0 for p in points], ".-", ms=2, lw=0.8, label="p50"
+    )
+    for t in stalls:
+        ax.axvspan(t - 1, t, color="red", alpha=0.2, lw=0)
+    _log_y(ax)
+    ax.set_ylabel("fan-out ms")
+    ax.legend(fontsize=7, loc="upper left")
+    series = run.metric_series
+    t = [p["t_s"] for p in series[1:]]
+
+    def per_second(key: str) -> list[float]:
+        return [max(0.0, b.get(key, 0.0) - a.get(key, 0.0)) for a, b in itertools.pairwise(series)]
+
+    ax = axes[1]
+    for generation in "012":
+        paused = per_second(f"chat_gc_pause_seconds_sum{{generation={generation}}}")
+        if any(paused):
+            ax.plot(t, [v * 1e3 for v in paused], lw=1, label=f"GC gen{generation} ms/s")
+    lag_sum, lag_count = (
+        per_second("chat_loop_lag_seconds_sum"),
+        per_second("chat_loop_lag_seconds_count"),
+    )
+    ax.plot(
+        t,
+        [1e3 * s / c if c else 0 for s, c in zip(lag_sum, lag_count, strict=False)],
+        lw=1,
+        label="mean loop lag ms",
+    )
+    late = [e for e in run.tail_events if e["kind"] == "loop_lag"]
+    if late:
+        ax.plot(
+            [e["t_s"] for e in late],
+            [e["ms"] for e in late],
+            "v",
+            ms=4,
+            label="late tick (≥ 10 ms)",
+        )
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=7, loc="upper left", ncols=3)
+    ax = axes[2]
+    commit_sum, commit_count = (
+        per_second("chat_commit_seconds_sum"),
+        per_second("chat_commit_seconds_count"),
+    )
+    ax.plot(
+        t,
+        [1e3 * s / c if c else 0 for s, c in zip(commit_sum, commit_count, strict=False)],
+        lw=1,
+        label="mean commit ms",
+    )
+    slow = [e for e in run.tail_events if e["kind"] in ("commit", "checkpoint")]
+    for kind, marker in (("commit", "o"), ("checkpoint", "s")):
+        marked = [e for e in slow if e["kind"] == kind]
+        if marked:
+            ax.plot(
+                [e["t_s"] for e in marked],
+                [e["ms"] for e in marked],
+                marker,
+                ms=4,
+                label=f"slow {kind}",
+            )
+    ax.set_ylabel("ms")
+    ax.set_xlabel("seconds since the run started")
+    ax.legend(fontsize=7, loc="upper left", ncols=3)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(f"{run.config}, repeat {run.repeat + 1}: latency, and the server's tail under it")
+    return _save(fig, out_png)
+
+
 def rss_over_time(results: Results, out_png: Path) -> Path | None:
     """Server RSS over time, one line per run, coloured by configuration."""
     colors = config_colors(results)
@@ -415,6 +562,12 @@ def draw_all(results: Results, plots_dir: Path) -> list[Plot]:
     def add(name: str, title: str, path: Path | None, missing: str) -> None:
         plots.append(Plot(name, title, path, "" if path else missing))
 
+    add(
+        "ladder",
+        "Capacity ladder",
+        capacity_ladder(results, plots_dir / "ladder.png"),
+        "no configuration was climbed to its knee in these results",
+    )
     for driver in DRIVER_ORDER:
         title = DRIVER_TITLES[driver]
         add(

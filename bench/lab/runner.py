@@ -45,6 +45,7 @@ from bench.harness import (
 from bench.lab.matrix import Config, Load, Matrix
 from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint, edge, parse_slo
 from bench.lab.sampler import Sampler
+from bench.lab.tailwatch import TailWatch
 
 log = logging.getLogger("bench.lab")
 
@@ -586,6 +587,7 @@ class Lab:
         load = matrix.load_of(config)
         workdir, run, sampler = self.begin_run(config, repeat, f"r{repeat + 1}")
         server: ServiceProcess | None = None
+        watch: TailWatch | None = None
         try:
             self._phase(config, repeat, "starting")
             server, metrics_port = self.start_target(config, workdir)
@@ -597,6 +599,9 @@ class Lab:
                 run.server_cores = []
             time.sleep(load.settle_s)
             url = server.url  # type: ignore[attr-defined]
+            if metrics_port and config.target == "chat":
+                stats_url = f"http://127.0.0.1:{server.port}/stats"  # type: ignore[attr-defined]
+                watch = TailWatch(scrape_metrics, metrics_port, stats_url, sampler.t0).start()
             if config.fast:
                 self._phase(config, repeat, "fast driver climb" if load.climb else "fast driver")
                 run.steps.extend(self.fast_step(config, load, url, workdir, sampler))
@@ -621,6 +626,8 @@ class Lab:
         finally:
             for proc in list(self._children):
                 self._stop_popen(proc)
+            if watch is not None:
+                run.metric_series, run.tail_events = watch.stop()
             if server is not None:
                 self.stop_target(server, run)
             run.samples = sampler.stop()
