@@ -242,7 +242,7 @@ def _knees(results: Results) -> dict[str, dict[str, Any]]:
             run.config, {"delivered_per_s": [], "driver_limited": False, "lower_bound": False}
         )
         entry["delivered_per_s"].append(run.knee["capacity_delivered_per_s"])
-        entry["driver_limited"] |= bool(run.knee["generator_limited_at_edge"])
+        entry["driver_limited"] |= bool(run.knee.get("driver_limited"))
         entry["lower_bound"] |= bool(run.knee.get("lower_bound"))
         entry["connections"] = run.knee.get("connections")
     for entry in knees.values():

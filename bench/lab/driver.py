@@ -58,6 +58,7 @@ import math
 import os
 import sys
 import time
+import zlib
 from array import array
 from collections import Counter, deque
 from collections.abc import Callable
@@ -633,8 +634,10 @@ class StepRecorder:
     def result(self) -> Step:
         """The step as the results model has it, with the generator-limited verdict."""
         notes = []
+        saturated = False
         if self.cpu_percent is not None and self.cpu_percent > CPU_LIMIT_PERCENT:
             notes.append(f"driver CPU {self.cpu_percent:.0f}% of one core > {CPU_LIMIT_PERCENT:g}%")
+            saturated = True
         if self.sent and self.behind_sends > BEHIND_SHARE * self.sent:
             notes.append(
                 f"{self.behind_sends} of {self.sent} sends left > {BEHIND_NS / 1e6:g} ms late"
@@ -644,6 +647,7 @@ class StepRecorder:
         if max_lag_ms > MAX_LAG_LIMIT_MS:
             notes.append(f"max send lag {max_lag_ms:.1f} ms > {MAX_LAG_LIMIT_MS:g} ms")
         if self.runq_wait_share is not None and self.runq_wait_share > RUNQ_WAIT_LIMIT:
+            saturated = True
             notes.append(
                 f"driver waited for its core {self.runq_wait_share:.0%} of the time"
                 f" (> {RUNQ_WAIT_LIMIT:.0%}): something else ran there"
@@ -669,6 +673,7 @@ class StepRecorder:
                 None if self.cpu_percent is None else round(self.cpu_percent, 1)
             ),
             generator_limited=bool(notes),
+            generator_saturated=saturated,
             generator_notes=notes,
             timeline=self.timeline,
             histogram=self.latency.encoded(),
@@ -862,6 +867,7 @@ _DEFLATE_FACTORY = ClientPerMessageDeflateFactory(
 )
 DEFLATE_OFFER = build_extension([(_DEFLATE_FACTORY.name, _DEFLATE_FACTORY.get_request_params())])
 _OPCODES = {WSMsgType.TEXT: Opcode.TEXT, WSMsgType.BINARY: Opcode.BINARY}
+_DEFLATE_TAIL = b"\x00\x00\xff\xff"
 
 
 def negotiated_deflate(extensions_header: str | None) -> PerMessageDeflate | None:
@@ -896,9 +902,18 @@ class DeflateConnection(Connection):
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
         payload = frame.get_payload_as_bytes()
-        if frame.rsv1 and self.deflate is not None:
-            compressed = Frame(_OPCODES[frame.msg_type], payload, frame.fin, True)
-            payload = bytes(self.deflate.decode(compressed, max_size=MAX_FRAME_BYTES).data)
+        deflate = self.deflate
+        if frame.rsv1 and deflate is not None:
+            if frame.fin and frame.msg_type in _OPCODES:
+                # the hot path, a whole compressed message: inflate it with the extension's
+                # own decoder, without building websockets Frames (RFC 7692 7.2.2: append
+                # the empty block's tail the sender removed)
+                if deflate.remote_no_context_takeover:
+                    deflate.decoder = zlib.decompressobj(wbits=-deflate.remote_max_window_bits)
+                payload = deflate.decoder.decompress(payload + _DEFLATE_TAIL, MAX_FRAME_BYTES)
+            else:
+                compressed = Frame(_OPCODES[frame.msg_type], payload, frame.fin, True)
+                payload = bytes(deflate.decode(compressed, max_size=MAX_FRAME_BYTES).data)
         at = payload.find(MARKER)
         if at >= 0:
             self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
@@ -1335,7 +1350,8 @@ class Driver:
         (geometrically) between the last held and the first broken rate until they are
         within ``resolution``. A stalled step (:func:`stalled_points`) that held, or that
         broke only in its stalled seconds, is run once more and the re-run decides. A step
-        that held while the driver was the limit ends the climb: the knee is beyond it."""
+        that held while the driver was saturated (its core full, or waiting for it) ends the
+        climb: the knee is beyond it."""
         config = self.config
         held, broke = 0.0, math.inf
         rate = config.rates[0]
@@ -1352,7 +1368,7 @@ class Driver:
                 self.write(steps)
             if step.holds(slo):
                 held = max(held, rate)
-                if step.generator_limited:
+                if step.generator_saturated:
                     return  # the driver, not the target, is the limit: higher says nothing
             else:
                 broke = min(broke, rate)

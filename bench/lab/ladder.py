@@ -132,7 +132,9 @@ def rungs_of(results: Results) -> list[Rung]:
                 runs=runs,
                 knees=[float(k["capacity_delivered_per_s"]) for k in knees],
                 lower_bound=any(k.get("lower_bound") for k in knees),
-                driver_limited=any(k.get("generator_limited_at_edge") for k in knees),
+                driver_limited=any(
+                    k.get("driver_limited", k.get("generator_limited_at_edge")) for k in knees
+                ),
                 connections=int(first.get("connections") or 0),
                 room_size=int(first.get("room_size") or 0),
                 body_chars=int(first.get("body_chars") or 0),

@@ -69,6 +69,9 @@ class Step:
     max_send_lag_ms: float = 0.0
     generator_cpu_percent: float | None = None  # mean over the step, of one core
     generator_limited: bool = False  # CPU > 90 % or sends behind schedule
+    # the driver could not do more: CPU > 90 %, or it waited for its core (sends merely
+    # behind schedule are not this: near a knee, the target's bursts delay them)
+    generator_saturated: bool = False
     generator_notes: list[str] = field(default_factory=list)
     timeline: list[TimePoint] = field(default_factory=list)
     histogram: str = ""  # HDR histogram, base64 (hdrh encode), microseconds; "" if none
@@ -242,6 +245,16 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
     broken = [s for s in climbed if not s.holds(slo_ms)]
     best = max(held, key=lambda s: s.delivered_per_s, default=None)
     first_break = min(broken, key=lambda s: s.offered_per_s or 0, default=None)
+    break_by_driver = first_break is not None and (
+        first_break.generator_saturated
+        or (
+            all(
+                first_break.latency_ms.get(k, 0.0) - first_break.max_send_lag_ms < v
+                for k, v in slo_ms.items()
+            )
+            and first_break.delivered >= first_break.expected
+        )
+    )
     return {
         "config": run.config,
         "capacity_delivered_per_s": round(best.delivered_per_s) if best else 0,
@@ -252,12 +265,11 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
         "generator_limited_at_edge": bool(
             (first_break and first_break.generator_limited) or (best and best.generator_limited)
         ),
-        # the knee is only a lower bound: the driver limited the edge, or nothing broke
-        "lower_bound": bool(
-            first_break is None
-            or first_break.generator_limited
-            or (best is not None and best.generator_limited)
-        ),
+        # the knee is only a lower bound when nothing broke, or the driver explains the
+        # break: it was saturated, or its own send lag alone could have broken the SLO
+        "lower_bound": first_break is None or break_by_driver,
+        "driver_limited": break_by_driver
+        or bool(first_break is None and best is not None and best.generator_saturated),
         "steps": [
             {
                 "offered_per_s": s.offered_per_s,

@@ -51,6 +51,7 @@ def _step(rate: float, p99: float, *, limited: bool = False, stall: bool = False
             "max": p99,
         },
         generator_limited=limited,
+        generator_saturated=limited,
         timeline=timeline,
         stall_s=[1.0] if stall else [],
         body_chars=60,
@@ -224,3 +225,22 @@ def test_the_page_fits_1280_px_and_every_image_loads(
     assert width is not None and viewport is not None
     assert int(viewport.group(1)) <= 1280
     assert int(width.group(1)) <= int(viewport.group(1))
+
+
+def test_a_break_is_the_drivers_only_when_it_was_saturated_or_its_lag_explains_it():
+    def knee(broken: Step) -> dict[str, object]:
+        run = Run(config=BASE, repeat=0, target="chat", env={}, steps=[_step(1000, 20), broken])
+        return edge(run, SLO)
+
+    # sends behind schedule near the knee (the target's bursts), p99 far past the bound
+    late = _step(1100, 400)
+    late.generator_limited, late.max_send_lag_ms = True, 9.0
+    assert knee(late)["lower_bound"] is False and knee(late)["driver_limited"] is False
+    # the same break, but the driver's own lag alone could have made it
+    lagging = _step(1100, 120)
+    lagging.generator_limited, lagging.max_send_lag_ms = True, 60.0
+    assert knee(lagging)["lower_bound"] is True and knee(lagging)["driver_limited"] is True
+    # the driver's core was full
+    saturated = _step(1100, 400, limited=True)
+    assert knee(saturated)["lower_bound"] is True
+    assert knee(saturated)["capacity_delivered_per_s"] == 10000
