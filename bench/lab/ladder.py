@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from bench.lab.results import Results, Run
+from bench.lab.results import Results, Run, edge, parse_slo
 
 #: the climb's bisection resolution: two knees closer than this are not told apart
 RESOLUTION = 0.05
@@ -119,6 +119,7 @@ def rungs_of(results: Results) -> list[Rung]:
     by_config: dict[str, list[Run]] = {}
     for run in results.runs:
         if run.knee and run.status == "ok":
+            _rejudge(run, results)
             by_config.setdefault(run.config, []).append(run)
     rungs = []
     for config, runs in by_config.items():
@@ -147,6 +148,16 @@ def rungs_of(results: Results) -> list[Rung]:
     order = {name: i for i, name in enumerate(results.configs)}
     rungs.sort(key=lambda r: order.get(r.config, len(order)))
     return rungs
+
+
+def _rejudge(run: Run, results: Results) -> None:
+    """Judge the run's climb from its steps with this lab's rules (a results.json saved by
+    an older lab keeps its measurements; the verdicts are read again), under the SLO its
+    configuration climbed to."""
+    load = results.configs.get(run.config, {}).get("load") or {}
+    climb = load.get("climb") if isinstance(load, dict) else None
+    if climb:
+        run.knee = {**run.knee, **edge(run, parse_slo(climb))}
 
 
 def noise_floor(rungs: list[Rung], results: Results) -> tuple[float, str]:

@@ -248,7 +248,8 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
     break_by_driver = first_break is not None and (
         first_break.generator_saturated
         or (
-            all(
+            first_break.generator_limited
+            and all(
                 first_break.latency_ms.get(k, 0.0) - first_break.max_send_lag_ms < v
                 for k, v in slo_ms.items()
             )

@@ -236,6 +236,10 @@ def test_a_break_is_the_drivers_only_when_it_was_saturated_or_its_lag_explains_i
     late = _step(1100, 400)
     late.generator_limited, late.max_send_lag_ms = True, 9.0
     assert knee(late)["lower_bound"] is False and knee(late)["driver_limited"] is False
+    # just past the bound, a little lag, but nothing flagged the driver: the target's break
+    edge_case = _step(1100, 104)
+    edge_case.max_send_lag_ms = 5.8
+    assert knee(edge_case)["lower_bound"] is False
     # the same break, but the driver's own lag alone could have made it
     lagging = _step(1100, 120)
     lagging.generator_limited, lagging.max_send_lag_ms = True, 60.0
@@ -244,3 +248,14 @@ def test_a_break_is_the_drivers_only_when_it_was_saturated_or_its_lag_explains_i
     saturated = _step(1100, 400, limited=True)
     assert knee(saturated)["lower_bound"] is True
     assert knee(saturated)["capacity_delivered_per_s"] == 10000
+
+
+def test_a_saved_climb_is_judged_again_by_the_current_rules():
+    results = _results(KNEES)
+    for name in results.configs:
+        results.configs[name]["load"] = {"climb": "p99=100"}
+    stale = results.runs[0]
+    stale.knee = {**stale.knee, "lower_bound": True, "driver_limited": True}  # an older verdict
+    found = ladder(results)
+    assert found is not None and found.baseline is not None
+    assert not found.baseline.lower_bound and stale.knee["lower_bound"] is False
