@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -22,17 +24,47 @@ from chat_server.messages import (
 
 __all__ = [
     "AUDIENCE",
+    "CHROMIUM",
     "ISSUER",
     "ROOT",
     "Client",
     "KeyPair",
     "RedisProcess",
     "ServerProcess",
+    "chromium_dom",
     "free_port",
     "note_answer",
     "opens_chat",
     "stored_history",
 ]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium_dom(page: Path, profile: Path, width: int = 1280) -> str:
+    """The DOM of a local HTML file after headless Chromium loaded it (Debian's chromium,
+    a window ``width`` px wide, 5 s of virtual time for its scripts); AssertionError with
+    Chromium's stderr if it failed."""
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--window-size={width},900",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            "--virtual-time-budget=5000",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom.stdout
 
 
 def note_answer(frame: Any, acked: dict[str, int], refused: dict[str, str]) -> None:

@@ -767,8 +767,11 @@ class Connection(WSListener):  # type: ignore[misc]
         self.send = transport.send
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        # the hot path: keep a delivery's digits and receive time; _flush parses them
-        payload = frame.get_payload_as_bytes()
+        self.received(transport, frame, frame.get_payload_as_bytes())
+
+    def received(self, transport: WSTransport, frame: WSFrame, payload: bytes) -> None:
+        """The hot path: keep a delivery's digits and receive time (_flush parses them);
+        anything else goes to :meth:`_other_frame`."""
         at = payload.find(MARKER)
         if at >= 0:
             self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
@@ -914,12 +917,7 @@ class DeflateConnection(Connection):
             else:
                 compressed = Frame(_OPCODES[frame.msg_type], payload, frame.fin, True)
                 payload = bytes(deflate.decode(compressed, max_size=MAX_FRAME_BYTES).data)
-        at = payload.find(MARKER)
-        if at >= 0:
-            self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
-            self.record_received_ns(perf_counter_ns())
-            return
-        self._other_frame(transport, frame, payload)
+        self.received(transport, frame, payload)
 
 
 def _runq_wait_ns() -> int | None:

@@ -474,16 +474,13 @@ def server_tail(run: Run, out_png: Path) -> Path | None:
         paused = per_second(f"chat_gc_pause_seconds_sum{{generation={generation}}}")
         if any(paused):
             ax.plot(t, [v * 1e3 for v in paused], lw=1, label=f"GC gen{generation} ms/s")
-    lag_sum, lag_count = (
-        per_second("chat_loop_lag_seconds_sum"),
-        per_second("chat_loop_lag_seconds_count"),
-    )
-    ax.plot(
-        t,
-        [1e3 * s / c if c else 0 for s, c in zip(lag_sum, lag_count, strict=False)],
-        lw=1,
-        label="mean loop lag ms",
-    )
+
+    def mean_ms(family: str) -> list[float]:
+        """Per second: the histogram's mean observation, in ms (0 when none)."""
+        sums, counts = per_second(f"{family}_sum"), per_second(f"{family}_count")
+        return [1e3 * s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
+
+    ax.plot(t, mean_ms("chat_loop_lag_seconds"), lw=1, label="mean loop lag ms")
     late = [e for e in run.tail_events if e["kind"] == "loop_lag"]
     if late:
         ax.plot(
@@ -496,16 +493,7 @@ def server_tail(run: Run, out_png: Path) -> Path | None:
     ax.set_ylabel("ms")
     ax.legend(fontsize=7, loc="upper left", ncols=3)
     ax = axes[2]
-    commit_sum, commit_count = (
-        per_second("chat_commit_seconds_sum"),
-        per_second("chat_commit_seconds_count"),
-    )
-    ax.plot(
-        t,
-        [1e3 * s / c if c else 0 for s, c in zip(commit_sum, commit_count, strict=False)],
-        lw=1,
-        label="mean commit ms",
-    )
+    ax.plot(t, mean_ms("chat_commit_seconds"), lw=1, label="mean commit ms")
     slow = [e for e in run.tail_events if e["kind"] in ("commit", "checkpoint")]
     for kind, marker in (("commit", "o"), ("checkpoint", "s")):
         marked = [e for e in slow if e["kind"] == kind]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,8 @@ import pytest
 from bench.lab.ladder import compare, findings, ladder, noise_floor, rungs_of
 from bench.lab.report import write_report
 from bench.lab.results import Results, Run, Step, TimePoint, edge
+from tests.support import CHROMIUM, chromium_dom
 
-CHROMIUM = "/usr/bin/chromium"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SLO = {"p99": 100.0}
 TIMES, DASH = "\u00d7", "\u2013"
@@ -199,29 +198,12 @@ def test_the_page_fits_1280_px_and_every_image_loads(
     rendered: tuple[Path, str, str], tmp_path: Path
 ):
     out, _, page = rendered
-    dom = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--window-size=1280,900",
-            f"--user-data-dir={tmp_path / 'chromium'}",
-            "--dump-dom",
-            "--virtual-time-budget=5000",
-            (out / "report.html").as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    dom = chromium_dom(out / "report.html", tmp_path / "chromium")
     images = page.count("<img ")
     assert images > 0
-    assert f'data-images-loaded="{images}/{images}"' in dom.stdout
-    width = re.search(r'data-scroll-width="(\d+)"', dom.stdout)
-    viewport = re.search(r'data-viewport-width="(\d+)"', dom.stdout)
+    assert f'data-images-loaded="{images}/{images}"' in dom
+    width = re.search(r'data-scroll-width="(\d+)"', dom)
+    viewport = re.search(r'data-viewport-width="(\d+)"', dom)
     assert width is not None and viewport is not None
     assert int(viewport.group(1)) <= 1280
     assert int(width.group(1)) <= int(viewport.group(1))

@@ -16,9 +16,9 @@ import pytest
 from bench.harness import ROOT
 from bench.lab.report import metric_cells, summary_table, write_report
 from bench.lab.results import Results, Run, Sample, Step, TimePoint
+from tests.support import CHROMIUM, chromium_dom
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-CHROMIUM = "/usr/bin/chromium"
 
 BASELINE = "orjson+uvloop"
 AA = "orjson+uvloop (A/A)"
@@ -378,25 +378,9 @@ def test_html_is_self_contained(report: tuple[Path, str, str]):
 def test_html_images_load_in_headless_chromium(report: tuple[Path, str, str], tmp_path: Path):
     out, _, page = report
     images = page.count("<img ")
-    dom = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            f"--user-data-dir={tmp_path / 'chromium'}",
-            "--dump-dom",
-            "--virtual-time-budget=5000",
-            (out / "report.html").as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    dom = chromium_dom(out / "report.html", tmp_path / "chromium")
     assert images > 0
-    assert f'data-images-loaded="{images}/{images}"' in dom.stdout
+    assert f'data-images-loaded="{images}/{images}"' in dom
 
 
 def test_missing_data_skips_plots_and_says_so(tmp_path: Path):
