@@ -78,11 +78,11 @@ def _results(knees: dict[str, tuple[float, float]], aa_pair: list[str] | None = 
         baseline=BASE,
         aa_pair=aa_pair or [],
         repeat=2,
-        configs={name: {"target": "relay" if name == RELAY else "chat"} for name in knees},
+        configs={name: {"target": "relay" if RELAY in name else "chat"} for name in knees},
     )
     for repeat in range(2):
         for name, pair in knees.items():
-            target = "relay" if name == RELAY else "chat"
+            target = "relay" if RELAY in name else "chat"
             results.runs.append(_climb(name, target, repeat, pair[repeat], limited=name == LIMITED))
     return results
 
@@ -241,3 +241,23 @@ def test_a_saved_climb_is_judged_again_by_the_current_rules():
     found = ladder(results)
     assert found is not None and found.baseline is not None
     assert not found.baseline.lower_bound and stale.knee["lower_bound"] is False
+
+
+def test_a_sweep_over_connection_counts_shows_how_the_verdict_moves(tmp_path: Path):
+    results = _results({f"{BASE} @2000": KNEES[BASE], f"{RELAY} @2000": KNEES[RELAY]})
+    for name, knees in ((f"{BASE} @200", (900.0, 950.0)), (f"{RELAY} @200", (2500.0, 2600.0))):
+        results.configs[name] = {"target": "relay" if RELAY in name else "chat"}
+        for repeat in range(2):
+            run = _climb(name, results.configs[name]["target"], repeat, knees[repeat])
+            for step in run.steps:
+                step.connections = 200
+            run.knee = {**edge(run, SLO), "room_size": 10}
+            results.runs.append(run)
+    md_path, _ = write_report(results, tmp_path)
+    md = md_path.read_text()
+    sweep = md.split("### The shape is part of the result: by connection count", 1)[1]
+    rows = [line for line in sweep.splitlines() if line.startswith("| 2")]
+    assert rows[0].startswith(f"| 200 | {BASE} @200 | 9,250 |")
+    assert f"{TIMES}0.36 (0.36{DASH}0.37) of {RELAY} @200" in rows[0]
+    assert rows[1].startswith(f"| 2,000 | {BASE} @2000 | 20,500 |")
+    assert f"{TIMES}0.29 (0.29{DASH}0.29) of {RELAY} @2000" in rows[1]
