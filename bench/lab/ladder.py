@@ -268,7 +268,8 @@ def findings(found: Ladder) -> list[str]:
         for rung in found.chat_rungs:
             comparison = found.against_relays.get(rung.config, {}).get(relay.config)
             if comparison is not None and comparison.ratios:
-                parts.append(f"{rung.config} {comparison.ratio_text()}")
+                doubt = "" if comparison.verdict != "not confirmed" else " (not confirmed)"
+                parts.append(f"{rung.config} {comparison.ratio_text()}{doubt}")
         if parts:
             sentences.append(
                 f"Against the ceiling {relay.config} ({relay.label()} delivered/s): "
