@@ -86,6 +86,9 @@ class Config:
     auth_mode: str = "prelogin"  # Locust: tokens before the run, or logins while it runs
     same_as: str = ""  # this is an A/A twin of that configuration
     load: Load | None = None  # overrides the matrix's load for this configuration
+    # runs beyond the matrix's repeat, interleaved after the others: for a figure that
+    # moves more between runs than the rest (a relay's knee on a shared machine)
+    extra_repeats: int = 0
 
     def slug(self) -> str:
         """The name as a directory name."""
@@ -129,8 +132,8 @@ class Matrix:
                 run_s += 3 if load.climb else 0  # settling after the broken steps
             if config.locust and config.target == "chat" and load.locust_profile:
                 run_s += load.locust_duration_s() + 4
-            total += run_s
-        return total * repeat
+            total += run_s * (repeat + config.extra_repeats)
+        return total
 
 
 def available() -> list[str]:

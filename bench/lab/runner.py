@@ -715,6 +715,7 @@ def run_matrix(
                 "profile": c.profile,
                 "auth_mode": c.auth_mode,
                 "same_as": c.same_as,
+                "extra_repeats": c.extra_repeats,
                 "load": matrix.load_of(c).__dict__,
             }
             for c in matrix.configs
@@ -728,8 +729,11 @@ def run_matrix(
             if progress is not None:
                 progress.phase("auth service: registering users")
             lab.start_auth(users_needed(matrix))
-        for k in range(repeat):
+        rounds = repeat + max(c.extra_repeats for c in matrix.configs)
+        for k in range(rounds):
             for config in matrix.configs:
+                if k >= repeat + config.extra_repeats:
+                    continue
                 started = time.monotonic()
                 run = lab.run_config(matrix, config, k)
                 results.runs.append(run)
