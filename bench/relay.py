@@ -3,7 +3,8 @@
 It serves ``ws://HOST:PORT/ws?room=NAME`` with no token, no codec and no store, and
 relays every frame it receives, verbatim (text as text, binary as binary), to every
 member of the sender's room, the sender included, with ``websockets.broadcast``
-(no backpressure, compression off). ``GET /healthz`` answers 200. Anything a load
+(no backpressure; compression off unless ``--deflate on``, which accepts
+permessage-deflate as the chat server does). ``GET /healthz`` answers 200. Anything a load
 generator measures against it is the generator's own cost plus loopback: that is
 the ceiling the Locust load test (``--target relay``) can measure a chat server at.
 ``--transport picows`` serves the same contract on picows (:mod:`bench.relay_picows`),
@@ -23,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.http11 import Request, Response
 
 from chat_server.runtime import loop_factory, on_stop_signals, pin_cpus, raise_open_files_limit
@@ -80,8 +82,20 @@ def _process_request(conn: ServerConnection, request: Request) -> Response | Non
     return None
 
 
-async def run(host: str, port: int) -> int:
-    """Serve until SIGTERM or SIGINT; return the exit status."""
+def deflate_extensions() -> list[ServerPerMessageDeflateFactory]:
+    """permessage-deflate as the chat server accepts it (``WS_DEFLATE=on``): window 2^12,
+    memLevel 5."""
+    return [
+        ServerPerMessageDeflateFactory(
+            server_max_window_bits=12,
+            client_max_window_bits=12,
+            compress_settings={"memLevel": 5},
+        )
+    ]
+
+
+async def run(host: str, port: int, deflate: bool = False) -> int:
+    """Serve until SIGTERM or SIGINT (compressing when ``deflate`` and the client offers it)."""
     relay = Relay()
     stop = asyncio.Event()
     on_stop_signals(stop.set)
@@ -90,6 +104,7 @@ async def run(host: str, port: int) -> int:
         host,
         port,
         compression=None,
+        extensions=deflate_extensions() if deflate else None,
         process_request=_process_request,
         max_size=MAX_FRAME_BYTES,
         ping_interval=None,
@@ -126,8 +141,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="websockets",
         help="websocket library serving the relay [websockets]",
     )
+    parser.add_argument(
+        "--deflate",
+        choices=("on", "off"),
+        default="off",
+        help="accept permessage-deflate as the chat server does (websockets only) [off]",
+    )
     parser.add_argument("--log-level", default="info", help="logging level [info]")
     args = parser.parse_args(argv)
+    if args.deflate == "on" and args.transport == "picows":
+        parser.error("--deflate on: the picows relay has no permessage-deflate")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: allowed 0-65535")
     try:
@@ -149,11 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("aiofastnet").setLevel(logging.ERROR)
     pin_cpus(args.cores)
     raise_open_files_limit(MAX_CONNECTIONS)
-    serve_relay = run
-    if args.transport == "picows":
-        from bench.relay_picows import run_picows as serve_relay
     with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
-        return runner.run(serve_relay(args.host, args.port))
+        if args.transport == "picows":
+            from bench.relay_picows import run_picows
+
+            return runner.run(run_picows(args.host, args.port))
+        return runner.run(run(args.host, args.port, deflate=args.deflate == "on"))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Commands:
                           report.html, plots and results.json; print the summary table
   capacity --slo p99=100  climb the offered load on one configuration and on the bare relay
                           until the SLO breaks; the edge, the ratio, and a capacity plan
-  ceiling                 each driver's own ceiling against a trivial (picows) relay
+  ceiling                 the fast driver's own ceiling against a trivial relay, without and
+                          with permessage-deflate
   list                    the built-in matrices
   report RESULTS_JSON     render a report again from a saved results.json
 
@@ -252,8 +253,20 @@ def _knees(results: Results) -> dict[str, dict[str, Any]]:
     return knees
 
 
+#: ``ceiling --deflate``: which ceilings to measure, and the key each is saved under
+CEILING_VARIANTS = {"off": ("fast",), "on": ("fast+deflate",), "both": ("fast", "fast+deflate")}
+
+
 def cmd_ceiling(args: argparse.Namespace) -> int:
-    """Each driver's own ceiling against the picows relay; saved for later reports."""
+    """The fast driver's own ceilings (plain, and with permessage-deflate); saved for reports.
+
+    Plain: against the picows relay, the cheapest server there is. With deflate: against
+    the websockets relay accepting permessage-deflate as the chat server does (picows
+    has none), both ways compressed; when that relay breaks first the figure is a lower
+    bound on the driver's own ceiling, and it says so.
+    """
+    from dataclasses import asdict
+
     from bench.lab.capacity import climb, edge, parse_slo
     from bench.lab.progress import Progress
     from bench.lab.runner import Lab, split_cores, usable_cores
@@ -262,40 +275,66 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
     out_dir = _out_dir(args.out, "ceiling")
     out_dir.mkdir(parents=True, exist_ok=True)
     server_cores, generator_cores = split_cores(usable_cores())
-    progress = Progress(8 * (args.step_s + 4), "driver ceiling", enabled=not args.quiet)
+    variants = CEILING_VARIANTS[args.deflate]
+    progress = Progress(
+        8 * (args.step_s + 4) * len(variants), "driver ceiling", enabled=not args.quiet
+    )
     lab = Lab(out_dir, 1, server_cores, generator_cores, progress=progress)
-    relay = Config(name="picows relay", target="relay", env={"TRANSPORT": "picows"})
+    relays = {
+        "fast": Config(name="picows relay", target="relay", env={"TRANSPORT": "picows"}),
+        "fast+deflate": Config(
+            name="websockets relay, deflate",
+            target="relay",
+            env={"TRANSPORT": "websockets", "WS_DEFLATE": "on"},
+        ),
+    }
     load = Load(connections=args.connections, step_s=args.step_s, warmup_s=1, locust_profile="")
+    runs = {}
     try:
-        run = climb(
-            lab,
-            relay,
-            load,
-            slo_ms=slo,
-            start_rate=args.start_rate,
-            factor=args.factor,
-            max_rate=args.max_rate,
-        )
+        for key in variants:
+            runs[key] = climb(
+                lab,
+                relays[key],
+                load,
+                slo_ms=slo,
+                start_rate=args.start_rate,
+                factor=args.factor,
+                max_rate=args.max_rate,
+            )
     finally:
         lab.close()
         progress.close()
-    found = edge(run, slo)
-    held = [s for s in run.steps if s.holds(slo)]
-    best = max(held, key=lambda s: s.delivered_per_s, default=None)
-    if best is None:
-        print(f"no step held {args.slo}: {run.error}")
-        return 1
     ceilings = _saved_ceilings()
-    ceilings["fast"] = best
+    status = 0
+    for key, run in runs.items():
+        found = edge(run, slo)
+        held = [s for s in run.steps if s.holds(slo)]
+        best = max(held, key=lambda s: s.delivered_per_s, default=None)
+        if best is None:
+            print(f"{key}: no step held {args.slo} against the {relays[key].name}: {run.error}")
+            status = 1
+            continue
+        ceilings[key] = best
+        broke = [s for s in run.steps if not s.holds(slo) and not s.superseded]
+        driver_bound = any(s.generator_limited for s in broke)
+        bound = "" if driver_bound or not broke else "≥ "
+        why = (
+            "the driver was the limit"
+            if driver_bound
+            else f"the {relays[key].name} broke first: the driver's own ceiling is higher"
+            if broke
+            else "held at the top rate"
+        )
+        print(
+            f"{'fast driver' if key == 'fast' else 'fast driver with deflate'} ceiling at "
+            f"{args.connections:,} connections: {bound}{found['capacity_delivered_per_s']:,} "
+            f"delivered/s at p99 {best.latency_ms['p99']:.1f} ms, driver CPU "
+            f"{best.generator_cpu_percent or 0:.0f} % ({why})"
+        )
     REPORTS_DIR.mkdir(exist_ok=True)
-    from dataclasses import asdict
-
     CEILINGS_PATH.write_text(json.dumps({k: asdict(v) for k, v in ceilings.items()}, indent=1))
-    print(
-        f"fast driver ceiling: {found['capacity_delivered_per_s']:,} delivered/s "
-        f"at p99 {best.latency_ms['p99']:.1f} ms (saved to {CEILINGS_PATH})"
-    )
-    return 0
+    print(f"saved to {CEILINGS_PATH}")
+    return status
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -376,13 +415,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cap.add_argument("--quiet", action="store_true", help="no progress output")
     cap.set_defaults(func=cmd_capacity)
 
-    ceil = sub.add_parser("ceiling", help="the fast driver's own ceiling against a picows relay")
+    ceil = sub.add_parser(
+        "ceiling", help="the fast driver's own ceiling, without and with permessage-deflate"
+    )
     ceil.add_argument("--slo", default="p99=100", help="fan-out bounds in ms [p99=100]")
     ceil.add_argument("--start-rate", type=float, default=2000, help="first rate, sends/s [2000]")
     ceil.add_argument("--factor", type=float, default=1.4, help="rate multiplier per step [1.4]")
     ceil.add_argument("--max-rate", type=float, default=40000, help="highest rate [40000]")
     ceil.add_argument("--step-s", type=float, default=5, help="seconds per step [5]")
     ceil.add_argument("--connections", type=int, default=200, help="connections [200]")
+    ceil.add_argument(
+        "--deflate",
+        choices=tuple(CEILING_VARIANTS),
+        default="both",
+        help="without permessage-deflate (picows relay), with it (websockets relay "
+        "compressing), or both [both]",
+    )
     ceil.add_argument("--out", default="", help="report directory [reports/<time>-ceiling]")
     ceil.add_argument("--quiet", action="store_true", help="no progress output")
     ceil.set_defaults(func=cmd_ceiling)

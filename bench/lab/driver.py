@@ -854,7 +854,7 @@ def next_climb_rate(rate: float, held: float, broke: float, config: DriverConfig
     return math.sqrt(held * broke)
 
 
-def _worth_a_rerun(step: Step, slo: dict[str, float]) -> bool:
+def worth_a_rerun(step: Step, slo: dict[str, float]) -> bool:
     """A stalled step is run again when it held anyway, or when every second but the
     stalled ones kept the SLO's p99 (a passing stall, not an overload)."""
     if step.holds(slo):
@@ -1358,7 +1358,7 @@ class Driver:
             rate = round(rate)
             step = await self._recorded_step(rate, recorder, steps)
             recorder = None
-            if step.stall_s and _worth_a_rerun(step, slo):
+            if step.stall_s and worth_a_rerun(step, slo):
                 step.superseded = True
                 await self._settle()
                 step = await self._recorded_step(rate, None, steps)

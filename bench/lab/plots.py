@@ -26,7 +26,11 @@ from matplotlib.ticker import FuncFormatter
 from bench.lab.results import HEADLINE_SLO_MS, SEED_SLO_MS, Results, Run, Sample, Step
 
 #: what each driver is, as the figures and tables name it
-DRIVER_TITLES = {"fast": "fast driver (open loop)", "locust": "Locust (closed loop)"}
+DRIVER_TITLES = {
+    "fast": "fast driver (open loop)",
+    "fast+deflate": "fast driver with permessage-deflate",
+    "locust": "Locust (closed loop)",
+}
 DRIVER_ORDER = ("fast", "locust")
 #: the percentiles the latency figure shows (max and p999 are in the tables)
 PLOTTED_PERCENTILES = ("p50", "p90", "p95", "p99")

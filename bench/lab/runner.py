@@ -128,8 +128,11 @@ class RelayProcess(ServiceProcess):
 
     module = "bench.relay"
 
-    def __init__(self, workdir: Path, cores: list[int], transport: str = "websockets") -> None:
+    def __init__(
+        self, workdir: Path, cores: list[int], transport: str = "websockets", deflate: bool = False
+    ) -> None:
         self.workdir = workdir
+        self.deflate = deflate
         self.port = free_port()
         self.cores = cores
         self.transport = transport
@@ -152,6 +155,8 @@ class RelayProcess(ServiceProcess):
             "uvloop",
             "--transport",
             self.transport,
+            "--deflate",
+            "on" if self.deflate else "off",
             "--log-level",
             "warning",
         ]
@@ -391,7 +396,8 @@ class Lab:
         """Start the configuration's server (or relay); it and its metrics port (0: none)."""
         if config.target == "relay":
             transport = config.env.get("TRANSPORT", "websockets")
-            relay = RelayProcess(workdir, self.server_cores, transport).start()
+            deflate = config.env.get("WS_DEFLATE") == "on"
+            relay = RelayProcess(workdir, self.server_cores, transport, deflate).start()
             self._current.append(relay)
             return relay, 0
         assert self.auth is not None and self.keys is not None
@@ -493,8 +499,8 @@ class Lab:
                 "--token-file",
                 str(self.token_file),
             ]
-            if config.env.get("WS_DEFLATE") == "on":
-                command += ["--deflate", "on"]  # as browsers do: deflate is measured with deflate
+        if config.env.get("WS_DEFLATE") == "on":
+            command += ["--deflate", "on"]  # as browsers do: deflate is measured with deflate
         if load.climb:
             command += ["--climb", load.climb, "--factor", f"{load.factor:g}"]
             command += ["--resolution", f"{load.resolution:g}"]
@@ -653,7 +659,8 @@ def _locust_stages(load: Load) -> tuple[Any, ...]:
 #: said of every WS_DEFLATE=on configuration the fast driver runs against
 FAST_DRIVER_DEFLATE = (
     "The fast driver offers permessage-deflate as browsers do, so its steps here are "
-    "compressed both ways (the driver's own ceiling with deflate is in the report)."
+    "compressed both ways (its own ceiling with deflate, from `python -m bench.lab ceiling`, "
+    "is in the report's driver ceilings when it was measured)."
 )
 
 

@@ -32,6 +32,7 @@ from bench.lab.driver import (
     negotiated_deflate,
     next_climb_rate,
     send_frame,
+    worth_a_rerun,
 )
 from bench.lab.results import PERCENTILES, Step, TimePoint, stalled_points
 from chat_server.codecs import get_codec
@@ -67,14 +68,14 @@ def run_driver(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess
 
 
 @contextmanager
-def running_relay(transport: str) -> Iterator[str]:
+def running_relay(transport: str, deflate: str = "off") -> Iterator[str]:
     """``python -m bench.relay --transport TRANSPORT`` on a free port, once /healthz answers;
     its websocket URL. Stopped (SIGTERM, which it must exit 0 on) after."""
     port = free_port()
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "bench.relay", "--port", str(port)),
-            *("--transport", transport, "--log-level", "warning"),
+            *("--transport", transport, "--deflate", deflate, "--log-level", "warning"),
         ],
         cwd=ROOT,
     )
@@ -350,6 +351,34 @@ def test_driver_compresses_both_ways_when_the_server_accepts_deflate(
         assert step.frame_bytes > step.body_chars == MIN_BODY_CHARS
 
 
+@pytest.mark.parametrize("relay_deflate", ["on", "off"])
+def test_driver_measures_its_ceiling_with_deflate_through_the_deflate_relay(
+    relay_deflate: str, tmp_path: Path
+) -> None:
+    # `bench.lab ceiling --deflate on` climbs this relay: it must compress what it relays
+    out = tmp_path / "steps.json"
+    with running_relay("websockets", deflate=relay_deflate) as url:
+        result = run_driver(
+            *("--target", "relay", "--url", url, *SHORT_RUN),
+            *("--deflate", "on", "--json-out", str(out)),
+        )
+    assert result.returncode == 0, result.stderr
+    for step in assert_complete_steps(out, (200, 400), connections=20):
+        assert step.deflate is (relay_deflate == "on")
+
+
+def test_the_picows_relay_refuses_deflate() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.relay", "--transport", "picows", "--deflate", "on"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2 and "no permessage-deflate" in result.stderr
+
+
 def test_negotiated_deflate_reads_the_servers_reply() -> None:
     assert negotiated_deflate(None) is None
     assert negotiated_deflate("x-other") is None
@@ -422,3 +451,43 @@ def test_a_stalled_second_passes_ten_times_the_median_or_delivers_nothing() -> N
     assert [p.t_s for p in stalled_points(gc)] == [2]
     silent = [point(1, 3.0), point(2, None, delivered=0), point(3, 4.0)]
     assert [p.t_s for p in stalled_points(silent)] == [2]
+
+
+def test_a_stalled_step_is_run_again_when_it_held_or_broke_only_in_its_stall() -> None:
+    def step(p99s: list[float | None], p99_ms: float, delivered: int = 1000) -> Step:
+        timeline = [
+            TimePoint(t_s=t, delivered_per_s=0 if p is None else 100.0, p99_ms=p)
+            for t, p in enumerate(p99s, 1)
+        ]
+        made = Step(
+            driver="fast",
+            name="rate 100/s",
+            connections=10,
+            offered_per_s=100,
+            duration_s=len(p99s),
+            sent=100,
+            delivered=delivered,
+            expected=1000,
+            sent_per_s=100,
+            delivered_per_s=delivered / len(p99s),
+            latency_ms={"p99": p99_ms},
+            timeline=timeline,
+        )
+        made.stall_s = [p.t_s for p in stalled_points(timeline)]
+        return made
+
+    slo = {"p99": 100.0}
+    held_through_a_stall = step([3.0, 60.0, 4.0, 3.0], p99_ms=50)
+    assert held_through_a_stall.stall_s == [2] and worth_a_rerun(held_through_a_stall, slo)
+    # broke, but only in the stalled second (a GC pause, not an overload): run again
+    passing_stall = step([3.0, 900.0, 4.0, 3.0], p99_ms=800)
+    assert passing_stall.stall_s == [2] and worth_a_rerun(passing_stall, slo)
+    # a second that delivered nothing is a stall too; the rest kept the SLO
+    silent = step([3.0, None, 4.0, 3.0], p99_ms=400)
+    assert silent.stall_s == [2] and worth_a_rerun(silent, slo)
+    # broke outside its stall as well: an overload, the climb takes it as broken
+    overloaded = step([3.0, 2000.0, 150.0, 180.0], p99_ms=1500)
+    assert overloaded.stall_s == [2] and not worth_a_rerun(overloaded, slo)
+    # something lost: not held, and the calm seconds decide
+    lost = step([3.0, 900.0, 120.0, 3.0], p99_ms=800, delivered=990)
+    assert not worth_a_rerun(lost, slo)
