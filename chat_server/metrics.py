@@ -320,6 +320,8 @@ class MetricsPublisher:
         self._frames_in = Counter(*FRAMES_IN, registry=None)
         self._frames_out = Counter(*FRAMES_OUT, registry=None)
         self._errors = Counter(*ERRORS, ["code"], registry=None)
+        for code in ALL_ERROR_CODES:  # every code from start, at zero, as with one process
+            self._errors.labels(code)
         self._slow_consumer_closes = Counter(*SLOW_CONSUMER_CLOSES, registry=None)
         self._ack_latency = Histogram(
             *ACK_LATENCY_MS, registry=None, buckets=ACK_LATENCY_BUCKETS_MS

@@ -200,6 +200,8 @@ async def test_two_workers_metrics_are_summed_on_one_port_and_survive_a_killed_w
             "chat_rooms": 2,  # room m on each worker
             "chat_errors_total{code=bad_request}": 2,
             "chat_errors_total{code=not_in_room}": 1,
+            "chat_errors_total{code=unavailable}": 0,  # every code from start, as one process
+            "chat_errors_total{code=rate_limited}": 0,
             "chat_ack_latency_ms_count": 20,
             "chat_ack_latency_ms_bucket{le=+Inf}": 20,
             "chat_group_commit_batch_size_sum": 20,
