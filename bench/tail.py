@@ -8,7 +8,8 @@ scrapes bracketing the steady window tell what happened *inside* it apart from t
 connection ramp before and the idle time after: GC pauses per generation (how many,
 how many over 10 ms), the event loop's lateness, commits, ``unavailable`` errors. It
 prints one line per run (fan-out p99 and max from the driver, the server's figures
-for the window) and ``--json`` writes them. Runs ``--repeat`` times, alternating the
+for the window; ``--histograms`` adds the window's GC pause, commit and loop-lag
+histograms) and ``--json`` writes them. Runs ``--repeat`` times, alternating the
 ``--env`` variants if several are given (``--env GC_POLICY=default --env
 GC_POLICY=tuned``: each value of a name is one variant).
 
@@ -76,6 +77,36 @@ def window_figures(before: dict[str, float], after: dict[str, float]) -> dict[st
     figures["commit_mean_ms"] = 1e3 * commit_s / figures["commits"] if figures["commits"] else 0.0
     figures["unavailable"] = delta("chat_errors_total{code=unavailable}")
     return figures
+
+
+#: the histograms whose window counts each run keeps (and ``--histograms`` prints)
+WINDOW_HISTOGRAMS = {
+    "gc_pause": ("chat_gc_pause_seconds", ("generation=0", "generation=1", "generation=2")),
+    "commit": ("chat_commit_seconds", ("",)),
+    "loop_lag": ("chat_loop_lag_seconds", ("",)),
+}
+
+
+def window_histogram(
+    before: dict[str, float], after: dict[str, float], family: str, label_sets: tuple[str, ...]
+) -> dict[str, int]:
+    """Observations of ``family`` between two scrapes per bucket (``"le 0.01"``: at most
+    10 ms and over the bucket below), summed over ``label_sets``; empty buckets left out."""
+    cumulative: dict[float, float] = {}
+    for labels in label_sets:
+        prefix = f"{labels}," if labels else ""
+        head = f"{family}_bucket{{{prefix}le="
+        for name, value in after.items():
+            if name.startswith(head):
+                bound = float(name[len(head) : -1])
+                cumulative[bound] = cumulative.get(bound, 0.0) + value - before.get(name, 0.0)
+    counts: dict[str, int] = {}
+    below = 0.0
+    for bound in sorted(cumulative):
+        if (count := round(cumulative[bound] - below)) > 0:
+            counts[f"le {bound:g}"] = count
+        below = cumulative[bound]
+    return counts
 
 
 def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
@@ -197,6 +228,10 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         "generator_limited": step["generator_limited"],
         "window_s": round(after[0] - before[0], 2),
         **window_figures(before[1], after[1]),
+        "histograms": {
+            key: window_histogram(before[1], after[1], family, labels)
+            for key, (family, labels) in WINDOW_HISTOGRAMS.items()
+        },
     }
 
 
@@ -232,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--server-core", default="0", help="the server's core [0]")
     parser.add_argument("--driver-core", default="1", help="the driver's core [1]")
+    parser.add_argument(
+        "--histograms",
+        action="store_true",
+        help="also print each run's GC pause, commit and loop-lag histograms for the window",
+    )
     parser.add_argument("--json", type=Path, help="also write the runs here")
     args = parser.parse_args(argv)
     try:
@@ -267,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             if run["late_ticks_ms"]:
                 causes = ", ".join(f"{k} {v}" for k, v in sorted(run["late_tick_causes"].items()))
                 print(f"    late ticks (ms): {run['late_ticks_ms']}; coincided with: {causes}")
+            if args.histograms:
+                for key, counts in run["histograms"].items():
+                    cells = ", ".join(f"{b[3:]}: {n}" for b, n in counts.items()) or "none"
+                    print(f"    {key} (s, bucket upper bound: count): {cells}")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
     return 0

@@ -1,8 +1,9 @@
-"""bench.tail's reading of the server's /stats: which late ticks coincided with what."""
+"""bench.tail's reading of the server's /stats and /metrics: which late ticks coincided
+with what, and the window's histograms."""
 
 from __future__ import annotations
 
-from bench.tail import parse_variants, stalls
+from bench.tail import parse_variants, stalls, window_histogram
 
 
 def test_late_ticks_in_the_window_are_attributed_to_what_overlapped_them():
@@ -30,3 +31,24 @@ def test_env_values_of_one_name_are_variants_and_single_values_are_shared():
         {"transport": "picows", "gc_policy": "default"},
         {"transport": "picows", "gc_policy": "tuned"},
     ]
+
+
+def test_a_windows_histogram_counts_only_what_fell_between_the_two_scrapes():
+    def scrape(gen0: list[float], gen2: list[float]) -> dict[str, float]:
+        bounds = ("0.001", "0.01", "0.1", "+Inf")
+        samples = {}
+        for labels, counts in (("generation=0", gen0), ("generation=2", gen2)):
+            for bound, count in zip(bounds, counts, strict=True):
+                samples[f"chat_gc_pause_seconds_bucket{{{labels},le={bound}}}"] = count
+        return samples
+
+    before = scrape([10, 12, 12, 12], [0, 0, 1, 1])
+    after = scrape([30, 33, 33, 33], [0, 0, 1, 2])
+    family, labels = "chat_gc_pause_seconds", ("generation=0", "generation=1", "generation=2")
+    # 20 young pauses under 1 ms, one of 1-10 ms, and one full collection over 100 ms
+    assert window_histogram(before, after, family, labels) == {
+        "le 0.001": 20,
+        "le 0.01": 1,
+        "le inf": 1,
+    }
+    assert window_histogram(before, before, family, labels) == {}
