@@ -1358,6 +1358,8 @@ def summary_table(results: Results) -> str:
     max, delivered/s and server CPU, its headline SLO verdict and p99 against the baseline."""
     analysis = analyse(results)
     if not analysis.rows:
+        if any(run.knee for run in results.runs):
+            return "every step was part of a climb: each configuration's knee is in the report"
         return "no run produced a step"
     parts = []
     for key, by_config in analysis.rows.items():

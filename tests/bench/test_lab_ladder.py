@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.lab.ladder import compare, findings, ladder, noise_floor, rungs_of
-from bench.lab.report import write_report
+from bench.lab.report import summary_table, write_report
 from bench.lab.results import Results, Run, Step, TimePoint, edge
 from tests.support import CHROMIUM, chromium_dom
 
@@ -156,6 +156,12 @@ def test_findings_say_what_held_what_differed_and_what_is_not_confirmed():
     assert f"limit for {LIMITED}" in text
     assert f"Against the ceiling {RELAY} (71,000 delivered/s)" in text
     assert "No climb step showed a stall." in text
+
+
+def test_the_terminal_summary_of_climbs_alone_points_at_their_knees():
+    # a capacity run's steps all belong to climbs: no fixed-rate table, and no claim that
+    # nothing was measured (it printed "no run produced a step" above its knees)
+    assert summary_table(_results(KNEES)).startswith("every step was part of a climb")
 
 
 def test_nothing_climbed_means_no_ladder():
