@@ -57,7 +57,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import sqlite3
 import threading
@@ -118,13 +117,8 @@ _SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # How often an idle writer checks that its event loop still exists, so that a loop
 # closed without close() does not keep this non-daemon thread (and the process) alive.
 _IDLE_CHECK_S: Final = 1.0
-#: with commits on the loop, once the WAL file holds this many checkpoints' worth the
-#: loop holds its commits while one checkpoint copies the rest, so the WAL restarts
-WAL_RESTART_CHECKPOINTS: Final = 16
-#: the longest the loop holds its commits for that checkpoint (s)
-WAL_RESTART_HOLD_MAX_S: Final = 0.05
 #: the WAL file is cut back to this many checkpoints' worth when it restarts bigger
-WAL_SIZE_LIMIT_CHECKPOINTS: Final = 2 * WAL_RESTART_CHECKPOINTS
+WAL_SIZE_LIMIT_CHECKPOINTS = 4
 #: how often the checkpointer looks at the WAL file's size
 CHECKPOINT_POLL_S: Final = 0.25
 _COMMIT_PLACES: Final = ("loop", "thread")
@@ -279,11 +273,6 @@ class SqliteHistoryStore(LedgerStore):
         #: submitted during this loop iteration, handed over once at its end
         self._pending: list[_Item] = []
         self._handover_scheduled = False
-        #: the checkpointer asked the loop to hold commits (see :meth:`_restart_wal`)
-        self._commits_held = False
-        self._hold_timer: asyncio.TimerHandle | None = None
-        #: WAL restarts the checkpointer brought about by holding the loop's commits
-        self.wal_restarts = 0
         self._accepting = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
@@ -348,7 +337,6 @@ class SqliteHistoryStore(LedgerStore):
             return
         self._accepting = False
         self._closed = True
-        self._release_commits()
         if self._loop is None:
             self._close_done = asyncio.get_running_loop().create_future()
             self._close_done.set_result(None)
@@ -420,8 +408,6 @@ class SqliteHistoryStore(LedgerStore):
     def _hand_over(self) -> None:
         """At the end of a loop iteration: commit what it submitted, or give it to the writer."""
         self._handover_scheduled = False
-        if self._commits_held:
-            return  # committed once the checkpointer lets go (at most WAL_RESTART_HOLD_MAX_S)
         items, self._pending = self._pending, []
         if not items:
             return
@@ -439,28 +425,6 @@ class SqliteHistoryStore(LedgerStore):
         with self._cond:
             self._queue.extend(items)
             self._cond.notify()
-
-    def _hold_commits(self, granted: threading.Event) -> None:
-        """Loop: commit nothing until :meth:`_release_commits` (or the hold's time is up)."""
-        if self._closed or self._commits_held:
-            return
-        assert self._loop is not None
-        self._commits_held = True
-        self._hold_timer = self._loop.call_later(WAL_RESTART_HOLD_MAX_S, self._release_commits)
-        granted.set()
-
-    def _release_commits(self) -> None:
-        """Loop: commit again, starting with what waited."""
-        if not self._commits_held:
-            return
-        self._commits_held = False
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
-        if self._pending and not self._handover_scheduled:
-            self._handover_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._hand_over)
 
     def stats(self) -> StoreStats:
         """A snapshot of the batches so far; the queue counts what waits for its commit."""
@@ -564,10 +528,9 @@ class SqliteHistoryStore(LedgerStore):
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             # A WAL restarted after a checkpoint is cut back to this size, by an ftruncate in
             # the commit that restarts it: on the loop with CHAT_DB_COMMIT=loop, where one
-            # took 201 ms (strace, 2,000 connections). At one checkpoint's worth nearly
-            # every restart cut; past the size at which the checkpointer has the WAL
-            # restart, only a WAL that grew further (a reader held checkpoints back) is
-            # cut, once.
+            # took 201 ms (strace, 2,000 connections). At one checkpoint's worth every
+            # restart truncated; at four, only a WAL that grew past (a reader held
+            # checkpoints back) is cut, once.
             limit = WAL_SIZE_LIMIT_CHECKPOINTS * self._checkpoint_pages * page_size
             conn.execute(f"PRAGMA journal_size_limit = {limit}")
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
@@ -687,7 +650,6 @@ class SqliteHistoryStore(LedgerStore):
             logger.exception("history store: the checkpointer cannot open %s", self._path)
             return
         threshold = self._checkpoint_pages * page_size
-        restart_at = WAL_RESTART_CHECKPOINTS * threshold
         try:
             while not self._checkpointer_stop.wait(CHECKPOINT_POLL_S) and not loop.is_closed():
                 try:
@@ -695,50 +657,19 @@ class SqliteHistoryStore(LedgerStore):
                 except FileNotFoundError:
                     continue
                 if size >= threshold or self._wal_blocked:
-                    frames = self._checkpoint(conn, page_size)
-                    if self._on_loop and frames * page_size >= restart_at:
-                        self._restart_wal(conn, page_size, loop)
+                    self._checkpoint(conn, page_size)
             self._checkpoint(conn, page_size)
         finally:
             conn.close()
 
-    def _restart_wal(
-        self, conn: sqlite3.Connection, page_size: int, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        """Checkpointer: let the WAL start again from its beginning.
-
-        SQLite restarts the WAL only when a write transaction begins after a checkpoint
-        copied every frame back; with commits on the loop every iteration, a checkpoint
-        running beside them never ends with nothing left, and the WAL file grew without
-        bound under steady load (220 MB in 17 s at 51k delivered/s), to be cut back with
-        an ``ftruncate`` on the loop when the load paused (50 ms stalls). So once the
-        file is big, the loop holds its commits (at most ``WAL_RESTART_HOLD_MAX_S``)
-        while one more PASSIVE checkpoint copies the few frames written since the last;
-        the loop's next commit then restarts the WAL. Nothing is refused meanwhile: the
-        held messages are committed together right after.
-        """
-        granted = threading.Event()
-        try:
-            loop.call_soon_threadsafe(self._hold_commits, granted)
-        except RuntimeError:  # the loop is closed
-            return
-        try:
-            if granted.wait(WAL_RESTART_HOLD_MAX_S):
-                self._checkpoint(conn, page_size)
-                self.wal_restarts += 1
-        finally:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._release_commits)
-
-    def _checkpoint(self, conn: sqlite3.Connection, page_size: int) -> int:
-        """One PASSIVE checkpoint; sets or clears the blocked flag from what it left.
-        Returns the frames the WAL holds since it last restarted (0 if it failed)."""
+    def _checkpoint(self, conn: sqlite3.Connection, page_size: int) -> None:
+        """One PASSIVE checkpoint; sets or clears the blocked flag from what it left."""
         started = time.perf_counter()
         try:
             _busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
             logger.warning("history store: checkpoint failed: %s", exc)
-            return 0
+            return
         took = time.perf_counter() - started
         if took >= NOTABLE_LAG_S:
             self.slow_checkpoints.append((time.time() - took, took, copied))
@@ -755,7 +686,6 @@ class SqliteHistoryStore(LedgerStore):
                 )
             else:
                 logger.warning("history store: checkpoint caught up; accepting sends again")
-        return wal_frames
 
     # ---- reads ---------------------------------------------------------------
 
