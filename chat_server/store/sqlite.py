@@ -117,8 +117,6 @@ _SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # How often an idle writer checks that its event loop still exists, so that a loop
 # closed without close() does not keep this non-daemon thread (and the process) alive.
 _IDLE_CHECK_S: Final = 1.0
-#: the WAL file is cut back to this many checkpoints' worth when it restarts bigger
-WAL_SIZE_LIMIT_CHECKPOINTS = 4
 #: how often the checkpointer looks at the WAL file's size
 CHECKPOINT_POLL_S: Final = 0.25
 _COMMIT_PLACES: Final = ("loop", "thread")
@@ -525,14 +523,12 @@ class SqliteHistoryStore(LedgerStore):
             finally:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-            # A WAL restarted after a checkpoint is cut back to this size, by an ftruncate in
-            # the commit that restarts it: on the loop with CHAT_DB_COMMIT=loop, where one
-            # took 201 ms (strace, 2,000 connections). At one checkpoint's worth every
-            # restart truncated; at four, only a WAL that grew past (a reader held
-            # checkpoints back) is cut, once.
-            limit = WAL_SIZE_LIMIT_CHECKPOINTS * self._checkpoint_pages * page_size
-            conn.execute(f"PRAGMA journal_size_limit = {limit}")
+            # A restarted WAL is never cut back: the cut is an ftruncate in the commit that
+            # restarts it, on the loop with CHAT_DB_COMMIT=loop, where one took 201 ms
+            # (strace, 2,000 connections), and cutting a WAL grown under load stalled the
+            # first second after every pause (docs/performance.md). The file keeps the
+            # largest size it reached.
+            conn.execute("PRAGMA journal_size_limit = -1")
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         except sqlite3.Error as exc:
             conn.close()
