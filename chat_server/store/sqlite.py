@@ -34,7 +34,10 @@ here, longer when the file system's journal is busy. A reader that holds an old
 snapshot open (an outside tool in a long transaction) can keep a checkpoint from
 finishing; the WAL then grows, and once what is not checkpointed passes
 ``wal_max_bytes`` new submissions are refused with ``unavailable`` ("checkpoint
-blocked") until a checkpoint catches up, so the WAL stays bounded.
+blocked") until a checkpoint catches up, so what it holds unchecked stays bounded.
+The WAL file is never cut back (``journal_size_limit`` -1): under steady load near
+saturation it restarts only in a lull, so its file keeps the largest size it reached
+(``docs/performance.md``).
 
 Durability, by ``synchronous`` (SQLite's ``PRAGMA synchronous`` in WAL mode):
 
