@@ -24,11 +24,11 @@ from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
-from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.http11 import Request, Response
 
 from chat_server.runtime import loop_factory, on_stop_signals, pin_cpus, raise_open_files_limit
 from chat_server.settings import parse_core_list
+from chat_server.transport.websockets import permessage_deflate
 
 log = logging.getLogger("bench.relay")
 
@@ -82,18 +82,6 @@ def _process_request(conn: ServerConnection, request: Request) -> Response | Non
     return None
 
 
-def deflate_extensions() -> list[ServerPerMessageDeflateFactory]:
-    """permessage-deflate as the chat server accepts it (``WS_DEFLATE=on``): window 2^12,
-    memLevel 5."""
-    return [
-        ServerPerMessageDeflateFactory(
-            server_max_window_bits=12,
-            client_max_window_bits=12,
-            compress_settings={"memLevel": 5},
-        )
-    ]
-
-
 async def run(host: str, port: int, deflate: bool = False) -> int:
     """Serve until SIGTERM or SIGINT (compressing when ``deflate`` and the client offers it)."""
     relay = Relay()
@@ -104,7 +92,7 @@ async def run(host: str, port: int, deflate: bool = False) -> int:
         host,
         port,
         compression=None,
-        extensions=deflate_extensions() if deflate else None,
+        extensions=[permessage_deflate()] if deflate else None,
         process_request=_process_request,
         max_size=MAX_FRAME_BYTES,
         ping_interval=None,

@@ -333,6 +333,15 @@ class WebsocketsTransport(ServerTransport):
             service.disconnect(session)
 
 
+def permessage_deflate(window_bits: int = 12, mem_level: int = 5) -> ServerPerMessageDeflateFactory:
+    """The server's permessage-deflate offer answer: window ``2^window_bits`` both ways."""
+    return ServerPerMessageDeflateFactory(
+        server_max_window_bits=window_bits,
+        client_max_window_bits=window_bits,
+        compress_settings={"memLevel": mem_level},
+    )
+
+
 def _deflate_extensions(settings: Settings) -> list[ServerPerMessageDeflateFactory] | None:
     """permessage-deflate as ``WS_DEFLATE`` says: websockets' memory-frugal defaults.
 
@@ -344,20 +353,8 @@ def _deflate_extensions(settings: Settings) -> list[ServerPerMessageDeflateFacto
     if not settings.ws_deflate:
         return None
     if settings.regression == "deflate_max_window":
-        return [
-            ServerPerMessageDeflateFactory(
-                server_max_window_bits=15,
-                client_max_window_bits=15,
-                compress_settings={"memLevel": 9},
-            )
-        ]
-    return [
-        ServerPerMessageDeflateFactory(
-            server_max_window_bits=12,
-            client_max_window_bits=12,
-            compress_settings={"memLevel": 5},
-        )
-    ]
+        return [permessage_deflate(window_bits=15, mem_level=9)]
+    return [permessage_deflate()]
 
 
 def _respond(connection: ServerConnection, reply: Reply) -> Response:
