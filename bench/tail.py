@@ -76,6 +76,7 @@ def window_figures(before: dict[str, float], after: dict[str, float]) -> dict[st
     commit_s = delta("chat_commit_seconds_sum{}")
     figures["commit_mean_ms"] = 1e3 * commit_s / figures["commits"] if figures["commits"] else 0.0
     figures["unavailable"] = delta("chat_errors_total{code=unavailable}")
+    figures["cpu_s"] = delta("process_cpu_seconds_total{}")
     return figures
 
 
@@ -117,11 +118,13 @@ def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     pauses = [(e["at"] - e["pause_s"], e["at"]) for e in tail["gc"]["notable"]]
     causes: dict[str, int] = {}
     late = []
+    times = []
     for event in tail["loop_lag"]["notable"]:
         at, lag = event["at"], event["lag_s"]
         if not start <= at <= end:
             continue
         late.append(round(lag * 1e3, 1))
+        times.append(round(at, 4))
         # the tick was due at (at - lag): what ran between then and now?
         due = at - lag - 0.01
         cause = "nothing seen"
@@ -130,7 +133,7 @@ def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
                 cause = name
                 break
         causes[cause] = causes.get(cause, 0) + 1
-    return {"late_ticks_ms": late, "late_tick_causes": causes}
+    return {"late_ticks_ms": late, "late_ticks_at": times, "late_tick_causes": causes}
 
 
 def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
@@ -217,6 +220,11 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     after = min((s for s in scrapes if s[0] >= end), key=lambda s: s[0], default=None)
     if before is None or after is None:
         raise RuntimeError("no scrape brackets the steady window")
+    window_s = after[0] - before[0]
+    figures = window_figures(before[1], after[1])
+    # the scrapes bracket the window by up to SCRAPE_EVERY_S each side: a close estimate
+    figures["cpu_percent"] = 100 * figures["cpu_s"] / window_s
+    figures["cpu_us_per_frame"] = 1e6 * figures["cpu_s"] / window_s / step["delivered_per_s"]
     return {
         "env": env,
         **stalls(stats["tail"], wall_start, wall_start + step["duration_s"]),
@@ -226,8 +234,8 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         "max_ms": step["latency_ms"]["max"],
         "errors": step["errors"],
         "generator_limited": step["generator_limited"],
-        "window_s": round(after[0] - before[0], 2),
-        **window_figures(before[1], after[1]),
+        "window_s": round(window_s, 2),
+        **figures,
         "histograms": {
             key: window_histogram(before[1], after[1], family, labels)
             for key, (family, labels) in WINDOW_HISTOGRAMS.items()
@@ -281,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     header = (
         f"{'settings':<28}{'p99 ms':>8}{'max ms':>8}{'gc0/1/2':>10}{'>10ms':>7}"
-        f"{'late>10ms':>10}{'commits':>9}{'>10ms':>7}{'unavail':>8}"
+        f"{'late>10ms':>10}{'commits':>9}{'>10ms':>7}{'unavail':>8}{'cpu %':>7}{'us/frame':>9}"
     )
     print(
         f"steady {args.duration_s:g} s at {args.rate:g} sends/s, {args.connections} connections",
@@ -301,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:<28}{run['p99_ms']:>8.1f}{run['max_ms']:>8.1f}{pauses:>10}{over:>7.0f}"
                 f"{run['loop_late_over_10ms']:>10.0f}{run['commits']:>9.0f}"
                 f"{run['commits_over_10ms']:>7.0f}{run['unavailable']:>8.0f}"
+                f"{run['cpu_percent']:>7.1f}{run['cpu_us_per_frame']:>9.2f}"
                 + ("  generator-limited" if run["generator_limited"] else ""),
                 flush=True,
             )

@@ -315,6 +315,14 @@ SPECS: tuple[Spec, ...] = (
         " (a writer thread); auto: loop with synchronous=normal, thread with full",
     ),
     Spec(
+        "CHAT_DB_COMMIT_INTERVAL_MS",
+        "chat_db_commit_interval_ms",
+        "1",
+        number(0, 100),
+        "least time between two group commits: sends arriving sooner wait for it and join"
+        " the next one (0: a commit every event-loop iteration)",
+    ),
+    Spec(
         "CHAT_DB_CHECKPOINT_PAGES",
         "chat_db_checkpoint_pages",
         "1000",
@@ -573,6 +581,7 @@ class Settings(SpecSettings):
     send_ref_max: int
     store_batch_max: int
     chat_db_commit: str
+    chat_db_commit_interval_ms: float
     chat_db_checkpoint_pages: int
     chat_db_wal_max_bytes: int
     gc_policy: str

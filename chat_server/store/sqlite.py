@@ -196,15 +196,17 @@ class SqliteHistoryStore(LedgerStore):
         checkpoint_pages: int = 1000,
         wal_max_bytes: int = 256 << 20,
         commit_seconds: PlainHistogram | None = None,
+        commit_interval_ms: float = 0.0,
     ) -> None:
         """Configure the store; nothing is opened until :meth:`start`.
 
         ``commit_on`` is ``loop`` or ``thread`` (None: ``loop`` with ``normal``,
         ``thread`` with ``full``); ``commit_seconds`` receives each transaction's
-        duration. Raises ``ValueError`` for a ``synchronous`` other than ``normal``
-        or ``full``, ``commit_on="loop"`` with ``full``, a ``queue_max``,
-        ``batch_max`` or ``checkpoint_pages`` below 1, or a negative
-        ``history_max`` or ``busy_timeout_ms``.
+        duration; ``commit_interval_ms`` is the least time between two hand-overs
+        (see :meth:`_hand_over`; 0: one per loop iteration). Raises ``ValueError`` for
+        a ``synchronous`` other than ``normal`` or ``full``, ``commit_on="loop"`` with
+        ``full``, a ``queue_max``, ``batch_max`` or ``checkpoint_pages`` below 1, or a
+        negative ``history_max``, ``busy_timeout_ms`` or ``commit_interval_ms``.
         """
         if synchronous not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
@@ -224,6 +226,8 @@ class SqliteHistoryStore(LedgerStore):
             raise ValueError(f"history_max must be 0 (keep all) or more, not {history_max}")
         if busy_timeout_ms < 0:
             raise ValueError(f"busy_timeout_ms must be 0 or more, not {busy_timeout_ms}")
+        if commit_interval_ms < 0:
+            raise ValueError(f"commit_interval_ms must be 0 or more, not {commit_interval_ms}")
         self._path = Path(path)
         self._ledger = BatchLedger(on_batch)
         self._synchronous = _SYNCHRONOUS[synchronous]
@@ -235,6 +239,7 @@ class SqliteHistoryStore(LedgerStore):
         self._on_loop = commit_on == "loop"
         self._checkpoint_pages = checkpoint_pages
         self._wal_max_bytes = wal_max_bytes
+        self._commit_interval_s = commit_interval_ms / 1000
         self.commit_seconds = (
             PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else commit_seconds
         )
@@ -274,6 +279,8 @@ class SqliteHistoryStore(LedgerStore):
         #: submitted during this loop iteration, handed over once at its end
         self._pending: list[_Item] = []
         self._handover_scheduled = False
+        #: when the last hand-over ended (time.perf_counter)
+        self._last_handover = 0.0
         self._accepting = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
@@ -407,11 +414,34 @@ class SqliteHistoryStore(LedgerStore):
         self._ledger.submitted()
 
     def _hand_over(self) -> None:
-        """At the end of a loop iteration: commit what it submitted, or give it to the writer."""
+        """At the end of a loop iteration: commit what it submitted, or give it to the writer.
+
+        With a ``commit_interval_ms``, a hand-over that comes sooner than that after the
+        last one waits for the rest of the interval (a timer), gathering later
+        iterations' messages into the same transaction: under load a commit per
+        iteration (3,300/s of ~4 messages at 140k delivered/s, 76 us each) cost a
+        quarter of the server's core; at light load messages arrive further apart than
+        the interval and are committed at the end of their iteration as before. A wait
+        under half the interval is not worth a timer (uvloop's have 1 ms steps).
+        """
         self._handover_scheduled = False
-        items, self._pending = self._pending, []
-        if not items:
+        if not self._pending:
             return
+        if self._commit_interval_s and not self._closed:
+            wait = self._last_handover + self._commit_interval_s - time.perf_counter()
+            if wait > self._commit_interval_s / 2 and len(self._pending) < self._batch_max:
+                self._handover_scheduled = True
+                assert self._loop is not None
+                self._loop.call_later(wait, self._hand_over)
+                return
+        items, self._pending = self._pending, []
+        try:
+            self._hand_over_items(items)
+        finally:
+            self._last_handover = time.perf_counter()
+
+    def _hand_over_items(self, items: list[_Item]) -> None:
+        """Commit ``items`` on the loop (in ``batch_max`` slices) or queue them for the writer."""
         if self._on_loop:
             conn = self._loop_conn
             size = self._batch_max

@@ -316,6 +316,38 @@ async def test_one_iterations_submissions_are_handed_over_once(
     assert stored_seqs(db_path) == list(range(1, 51))
 
 
+async def test_sends_within_the_commit_interval_wait_for_one_commit_together(
+    open_store: StoreFactory, db_path: Path, commit_on: str
+) -> None:
+    store, recorder = await open_store(commit_interval_ms=300)
+    first = make_message(body="first")
+    store.submit(first, None)
+    await store.flush()  # nothing committed before: handed over at the end of its iteration
+    assert first.seq == 1
+    later = [make_message(body=f"later {i}") for i in range(5)]
+    for message in later:  # one per loop iteration, all within the interval
+        store.submit(message, None)
+        await asyncio.sleep(0.005)
+    # none is committed, so none is numbered (nothing is acked before its commit)
+    assert [m.seq for m in later] == [0] * 5
+    assert store.stats().queue_depth == 5
+    await store.flush()
+    assert [m.seq for m in later] == [2, 3, 4, 5, 6]
+    assert [len(result.items) for result in recorder.results] == [1, 5]
+    assert store.commit_seconds.count == 2
+    assert stored_seqs(db_path) == [1, 2, 3, 4, 5, 6]
+
+    await asyncio.sleep(0.35)  # quiet for longer than the interval
+    lone = make_message(body="lone")
+    store.submit(lone, None)
+    if commit_on == "loop":  # committed at the end of this iteration, no timer
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert lone.seq == 7
+    await store.flush()
+    assert lone.seq == 7
+
+
 async def test_on_the_loop_a_locked_database_fails_the_batch_at_once(db_path: Path) -> None:
     recorder = Recorder()
     store = SqliteHistoryStore(
@@ -586,6 +618,7 @@ async def test_start_on_unusable_path_raises_store_error(tmp_path: Path, where: 
         {"commit_on": "elsewhere"},
         {"commit_on": "loop", "synchronous": "full"},
         {"checkpoint_pages": 0},
+        {"commit_interval_ms": -1},
     ],
 )
 def test_bad_settings_are_refused(db_path: Path, overrides: dict[str, Any]) -> None:
