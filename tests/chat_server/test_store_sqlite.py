@@ -17,7 +17,7 @@ import pytest
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchResult
-from chat_server.store.sqlite import SCHEMA_VERSION, SqliteHistoryStore
+from chat_server.store.sqlite import COMMIT_NOW_SIZE, SCHEMA_VERSION, SqliteHistoryStore
 
 TS_MS = 1_732_284_000_123
 
@@ -346,6 +346,17 @@ async def test_sends_within_the_commit_interval_wait_for_one_commit_together(
         assert lone.seq == 7
     await store.flush()
     assert lone.seq == 7
+
+    # right after that commit, a list of COMMIT_NOW_SIZE sends does not wait for the interval
+    burst = [make_message(body=f"burst {i}") for i in range(COMMIT_NOW_SIZE)]
+    for message in burst:
+        store.submit(message, None)
+    if commit_on == "loop":
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert burst[-1].seq == 7 + COMMIT_NOW_SIZE
+    await store.flush()
+    assert [m.seq for m in burst] == list(range(8, 8 + COMMIT_NOW_SIZE))
 
 
 async def test_on_the_loop_a_locked_database_fails_the_batch_at_once(db_path: Path) -> None:
