@@ -234,6 +234,15 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         "max_ms": step["latency_ms"]["max"],
         "errors": step["errors"],
         "generator_limited": step["generator_limited"],
+        "window_start_monotonic": round(start, 4),
+        "generator_cpu_percent": step["generator_cpu_percent"],
+        "max_send_lag_ms": step["max_send_lag_ms"],
+        # the seconds of the window whose slowest delivery passed the tail bound
+        "slow_seconds": [
+            {"t_s": round(p["t_s"] - step["started_s"], 1), "max_ms": p["max_ms"]}
+            for p in step["timeline"]
+            if p.get("max_ms") and p["max_ms"] > TAIL_BOUND_S * 1e3 * 2
+        ],
         "window_s": round(window_s, 2),
         **figures,
         "histograms": {
@@ -312,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{run['cpu_percent']:>7.1f}{run['cpu_us_per_frame']:>9.2f}"
                 + ("  generator-limited" if run["generator_limited"] else ""),
                 flush=True,
+            )
+            slow = ", ".join(f"{p['t_s']:g}: {p['max_ms']:.1f}" for p in run["slow_seconds"])
+            print(
+                f"    driver: cpu {run['generator_cpu_percent'] or 0:.0f}%, max send lag"
+                f" {run['max_send_lag_ms']:.1f} ms; seconds with a delivery over"
+                f" {2 * TAIL_BOUND_S * 1e3:g} ms (s into the window: max ms): {slow or 'none'}"
             )
             if run["late_ticks_ms"]:
                 causes = ", ".join(f"{k} {v}" for k, v in sorted(run["late_tick_causes"].items()))

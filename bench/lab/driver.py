@@ -1233,6 +1233,7 @@ class Driver:
                 delivered_per_s=round(delivered / seconds, 1),
                 p50_ms=point.value_at_percentile(50) / 1000 if delivered else None,
                 p99_ms=point.value_at_percentile(99) / 1000 if delivered else None,
+                max_ms=point.percentiles_ms()["max"] if delivered else None,
             )
         )
         recorder.sent_at_point = recorder.sent

@@ -40,6 +40,7 @@ class TimePoint:
     delivered_per_s: float = 0.0
     p50_ms: float | None = None
     p99_ms: float | None = None
+    max_ms: float | None = None
 
 
 @dataclass

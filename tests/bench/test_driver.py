@@ -119,6 +119,10 @@ def assert_complete_steps(out: Path, rates: tuple[int, ...], connections: int) -
         assert step.generator_cpu_percent is not None and step.generator_cpu_percent > 0
         assert step.timeline and all(p.users == connections for p in step.timeline)
         assert sum(p.sent_per_s > 0 for p in step.timeline) >= 1
+        for point in step.timeline:  # each second's slowest delivery, for locating a tail
+            if point.delivered_per_s:
+                assert point.p99_ms is not None and point.max_ms is not None
+                assert 0 < point.p99_ms <= point.max_ms <= lat["max"]
     return steps
 
 

@@ -3,7 +3,7 @@ with what, and the window's histograms."""
 
 from __future__ import annotations
 
-from bench.tail import parse_variants, stalls, window_histogram
+from bench.tail import parse_variants, stalls, window_figures, window_histogram
 
 
 def test_late_ticks_in_the_window_are_attributed_to_what_overlapped_them():
@@ -22,6 +22,7 @@ def test_late_ticks_in_the_window_are_attributed_to_what_overlapped_them():
     }
     found = stalls(tail, start=99.0, end=110.0)
     assert found["late_ticks_ms"] == [40.0, 20.0, 15.0]
+    assert found["late_ticks_at"] == [100.05, 101.03, 102.5]
     assert found["late_tick_causes"] == {"gc": 1, "checkpoint": 1, "nothing seen": 1}
 
 
@@ -52,3 +53,23 @@ def test_a_windows_histogram_counts_only_what_fell_between_the_two_scrapes():
         "le inf": 1,
     }
     assert window_histogram(before, before, family, labels) == {}
+
+
+def test_the_windows_figures_are_differences_between_the_two_scrapes():
+    before = {
+        "chat_commit_seconds_count{}": 100.0,
+        "chat_commit_seconds_sum{}": 0.01,
+        "process_cpu_seconds_total{}": 12.5,
+        "chat_errors_total{code=unavailable}": 0.0,
+    }
+    after = {
+        "chat_commit_seconds_count{}": 300.0,
+        "chat_commit_seconds_sum{}": 0.03,
+        "process_cpu_seconds_total{}": 20.0,
+        "chat_errors_total{code=unavailable}": 2.0,
+    }
+    figures = window_figures(before, after)
+    assert figures["commits"] == 200
+    assert round(figures["commit_mean_ms"], 6) == 0.1
+    assert figures["cpu_s"] == 7.5
+    assert figures["unavailable"] == 2
