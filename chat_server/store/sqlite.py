@@ -3,8 +3,11 @@
 :class:`SqliteHistoryStore` keeps every room's messages in a SQLite database in
 WAL mode. Messages submitted during one event-loop iteration are handed over
 together, once, at the end of it (one callback, not one per message), and
-committed as one transaction (group commit, no artificial delay). Where that
-transaction runs is ``commit_on``:
+committed as one transaction (group commit). Hand-overs are at least
+``commit_interval_ms`` apart (``CHAT_DB_COMMIT_INTERVAL_MS``, 1 ms): one coming
+sooner waits on a timer and takes later iterations' messages along, unless it
+already holds ``COMMIT_NOW_SIZE`` (see :meth:`SqliteHistoryStore._hand_over`).
+Where that transaction runs is ``commit_on``:
 
 ``loop``
     On the event loop, right away. With ``synchronous=normal`` a commit is a WAL
