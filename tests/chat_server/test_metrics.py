@@ -84,7 +84,12 @@ async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: 
 async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, keys: KeyPair):
     metrics_port = free_port()
     # GC_POLICY=default: CPython's thresholds collect the young generation often
-    server = start_server(metrics_port=metrics_port, gc_policy="default")
+    server = start_server(
+        metrics_port=metrics_port,
+        gc_policy="default",
+        rate_limit_per_s=100000,  # the rounds below outrun the default limit's burst
+        rate_limit_burst=100000,
+    )
     alice = await Client.connect(server, keys.mint("alice"))
     await alice.expect(Welcome)
     await alice.join("gc")
