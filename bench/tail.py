@@ -237,6 +237,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         "window_start_monotonic": round(start, 4),
         "generator_cpu_percent": step["generator_cpu_percent"],
         "max_send_lag_ms": step["max_send_lag_ms"],
+        "generator_gc_runs": step.get("generator_gc_runs", 0),
         # the seconds of the window whose slowest delivery passed the tail bound
         "slow_seconds": [
             {"t_s": round(p["t_s"] - step["started_s"], 1), "max_ms": p["max_ms"]}
@@ -325,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             slow = ", ".join(f"{p['t_s']:g}: {p['max_ms']:.1f}" for p in run["slow_seconds"])
             print(
                 f"    driver: cpu {run['generator_cpu_percent'] or 0:.0f}%, max send lag"
-                f" {run['max_send_lag_ms']:.1f} ms; seconds with a delivery over"
+                f" {run['max_send_lag_ms']:.1f} ms, its GC ran {run['generator_gc_runs']}"
+                " times; seconds with a delivery over"
                 f" {2 * TAIL_BOUND_S * 1e3:g} ms (s into the window: max ms): {slow or 'none'}"
             )
             if run["late_ticks_ms"]:

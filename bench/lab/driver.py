@@ -37,6 +37,13 @@ original ack: nothing is stored twice). Each step counts them in ``retries``
 a ``ref`` makes each send an idempotency lookup on the server, part of what a
 capacity figure would then measure.
 
+The driver's own garbage collector never runs inside a step: everything alive once
+the connections are open is frozen (``gc.freeze()``, never walked again), and
+automatic collection is off from each step's start to the end of its drain, with a
+collection just before the step. With CPython's default thresholds a full collection
+over 2,000 connections' objects takes tens of milliseconds, which an open-loop
+driver would count as latency (late receive times, late sends).
+
 A step is ``generator_limited`` when the driver used more than 90 % of one core
 during its send phase, when more than 1 % of its sends left more than 5 ms late,
 when one left more than 50 ms late, or when it waited, runnable, for its core more
@@ -52,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import gc
 import json
 import logging
 import math
@@ -629,6 +637,7 @@ class StepRecorder:
         self.timeline: list[TimePoint] = []
         self.cpu_percent: float | None = None
         self.runq_wait_share: float | None = None  # of the send phase (Linux schedstat)
+        self.gc_runs = 0  # collections of the driver's own GC from start to end of drain
         self.send_points = 0  # timeline points of the send phase (the rest are its drain)
 
     def result(self) -> Step:
@@ -674,6 +683,7 @@ class StepRecorder:
             ),
             generator_limited=bool(notes),
             generator_saturated=saturated,
+            generator_gc_runs=self.gc_runs,
             generator_notes=notes,
             timeline=self.timeline,
             histogram=self.latency.encoded(),
@@ -695,6 +705,8 @@ def summary_line(step: Step) -> str:
         f" late sends {step.late_sends} (max lag {step.max_send_lag_ms:.1f} ms),"
         f" cpu {step.generator_cpu_percent or 0:.0f}%"
     )
+    if step.generator_gc_runs:
+        line += f", the driver's GC ran {step.generator_gc_runs} times in the step"
     if step.generator_limited:
         line += " GENERATOR-LIMITED: " + "; ".join(step.generator_notes)
     return line
@@ -969,6 +981,12 @@ class Driver:
         self.by_index: dict[int, Connection] = {}
         self.retries_due: deque[tuple[int, int, int]] = deque()
         self._reopening: set[asyncio.Task[None]] = set()
+        self.gc_runs = 0  # collections of this process' GC so far (Step.generator_gc_runs)
+        gc.callbacks.append(self._count_collection)
+
+    def _count_collection(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.gc_runs += 1
 
     # connections ---------------------------------------------------------------------------
 
@@ -1249,6 +1267,18 @@ class Driver:
         ``recorded`` False (the warmup) no delivery counts: they all arrive outside the
         window of a recorded step.
         """
+        gc.collect()  # the last step's garbage, before this one's window
+        gc.disable()
+        runs_before = self.gc_runs
+        try:
+            await self._run_step(rate, recorder, drain_s, recorded=recorded)
+        finally:
+            gc.enable()
+            recorder.gc_runs = self.gc_runs - runs_before
+
+    async def _run_step(
+        self, rate: float, recorder: StepRecorder, drain_s: float, *, recorded: bool
+    ) -> None:
         start_ns = perf_counter_ns()
         if recorded:
             self.window_start_ns = start_ns
@@ -1294,6 +1324,8 @@ class Driver:
             self.timer.close()
             return EXIT_CONNECT_FAILED
         log.info("%d connections open", len(self.connections))
+        gc.collect()
+        gc.freeze()  # the connections' objects: no collection walks them again
         retrying = asyncio.ensure_future(self.retry_loop()) if self.config.retry else None
         try:
             await self._run_steps()

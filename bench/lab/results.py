@@ -73,6 +73,9 @@ class Step:
     # the driver could not do more: CPU > 90 %, or it waited for its core (sends merely
     # behind schedule are not this: near a knee, the target's bursts delay them)
     generator_saturated: bool = False
+    # fast driver: collections its own garbage collector ran inside the step (0: it is
+    # off from the step's start to the end of its drain)
+    generator_gc_runs: int = 0
     generator_notes: list[str] = field(default_factory=list)
     timeline: list[TimePoint] = field(default_factory=list)
     histogram: str = ""  # HDR histogram, base64 (hdrh encode), microseconds; "" if none

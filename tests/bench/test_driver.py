@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -55,11 +56,14 @@ SHORT_RUN = (
 )
 
 
-def run_driver(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def run_driver(
+    *args: str, timeout_s: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the driver to completion; its status and output."""
     return subprocess.run(
         [sys.executable, "-m", "bench.lab.driver", *args],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -124,6 +128,21 @@ def assert_complete_steps(out: Path, rates: tuple[int, ...], connections: int) -
                 assert point.p99_ms is not None and point.max_ms is not None
                 assert 0 < point.p99_ms <= point.max_ms <= lat["max"]
     return steps
+
+
+def test_the_drivers_own_collector_never_runs_inside_a_step(tmp_path: Path) -> None:
+    """Even with a collection due at every allocation (a threshold of 1, set at the
+    driver's start by a sitecustomize), none runs from a step's start to its drain's end."""
+    (tmp_path / "sitecustomize.py").write_text("import gc\ngc.set_threshold(1)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    out = tmp_path / "steps.json"
+    with running_relay("picows") as url:
+        result = run_driver(
+            *("--target", "relay", "--url", url, *SHORT_RUN, "--json-out", str(out)), env=env
+        )
+    assert result.returncode == 0, result.stderr
+    steps = assert_complete_steps(out, (200, 400), connections=20)
+    assert [s.generator_gc_runs for s in steps] == [0, 0]
 
 
 def test_driver_delivers_every_frame_to_the_whole_room_through_the_relay(
