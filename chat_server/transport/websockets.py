@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidMessage
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request, Response, parse_headers, parse_line
-from websockets.protocol import CONNECTING, OPEN, State
+from websockets.protocol import CONNECTING, OPEN, Event, State
 from websockets.server import ServerProtocol
 
 from chat_server.settings import Settings
@@ -210,13 +211,82 @@ class AnyMethodProtocol(ServerProtocol):
 
 
 class ChatConnection(ServerConnection):
-    """A websockets server connection whose protocol is :class:`AnyMethodProtocol`."""
+    """A websockets server connection whose protocol is :class:`AnyMethodProtocol`, and
+    whose messages go straight to a callback.
+
+    websockets hands each message to ``recv()`` through its ``Assembler``: a queue, a
+    future and a wake-up of the handler's task per message. Here :meth:`process_event`
+    assembles data frames itself (fragments included; the protocol has already bounded
+    the message by ``max_size`` and inflated it with permessage-deflate) and calls the
+    callback given to :meth:`deliver_to`, in order, from ``data_received``: one less
+    loop iteration per message. Messages complete before :meth:`deliver_to` wait for it.
+    A text message that is not UTF-8 fails the connection with 1007, as ``recv()``
+    would; a callback that raises fails it with 1011 (logged), as a handler that raises
+    does. ``recv()`` is not used (it would wait forever).
+    """
 
     def __init__(self, protocol: ServerProtocol, *args: Any, **kwargs: Any) -> None:
         protocol.__class__ = AnyMethodProtocol
         protocol.parser = protocol.parse()  # no data was received yet: restart the parser
         next(protocol.parser)
         super().__init__(protocol, *args, **kwargs)
+        self._on_message: Callable[[str | bytes], None] | None = None
+        self._early: list[str | bytes] = []
+        self._fragments: list[bytes] = []
+        self._fragmented_text = False
+
+    def deliver_to(self, on_message: Callable[[str | bytes], None]) -> None:
+        """From now on call ``on_message`` with each message (text as str, binary as
+        bytes); the ones that arrived before go first."""
+        early, self._early = self._early, []
+        self._on_message = on_message
+        for message in early:
+            self._deliver(message)
+
+    def process_event(self, event: Event) -> None:
+        if self.request is None or not isinstance(event, Frame):
+            super().process_event(event)  # the handshake request
+            return
+        opcode = event.opcode
+        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+            if not event.fin:
+                self._fragments = [event.data]
+                self._fragmented_text = opcode is Opcode.TEXT
+                return
+            data, text = event.data, opcode is Opcode.TEXT
+        elif opcode is Opcode.CONT:
+            self._fragments.append(event.data)
+            if not event.fin:
+                return
+            data, text = b"".join(self._fragments), self._fragmented_text
+            self._fragments = []
+        else:
+            super().process_event(event)  # control frames: pongs acknowledge pings
+            return
+        if text:
+            try:
+                message: str | bytes = data.decode()
+            except UnicodeDecodeError as exc:
+                self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
+                self.send_data()
+                return
+        else:
+            message = bytes(data)
+        if self._on_message is None:
+            self._early.append(message)
+        else:
+            self._deliver(message)
+
+    def _deliver(self, message: str | bytes) -> None:
+        if self.protocol.state is not OPEN:
+            return  # failed or closing: what follows is not read
+        assert self._on_message is not None
+        try:
+            self._on_message(message)
+        except Exception:
+            ws_log.error("message handler failed", exc_info=True)
+            self.protocol.fail(CloseCode.INTERNAL_ERROR)
+            self.send_data()
 
 
 class WebsocketsTransport(ServerTransport):
@@ -325,10 +395,8 @@ class WebsocketsTransport(ServerTransport):
         session = service.open(connection.chat_user, peer.send, peer.send_paced, peer.close)  # type: ignore[attr-defined]
         on_frame = service.on_frame
         try:
-            async for frame in connection:
-                on_frame(session, frame)
-        except ConnectionClosed:
-            pass
+            connection.deliver_to(lambda frame: on_frame(session, frame))  # type: ignore[attr-defined]
+            await connection.wait_closed()
         finally:
             service.disconnect(session)
 
