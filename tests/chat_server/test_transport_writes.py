@@ -7,11 +7,15 @@ loopback a write is a segment; the clients' own acks count too)."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+import struct
 from pathlib import Path
 
 import pytest
 
-from chat_server.messages import Ack, Message, Send, Welcome
+from chat_server.codecs import get_codec
+from chat_server.messages import Ack, Join, Joined, Message, Send, Welcome
 from tests.support import Client, KeyPair
 
 pytestmark = pytest.mark.transports
@@ -66,3 +70,54 @@ async def test_a_burst_read_at_once_reaches_each_member_in_one_write(
     assert segments < BURST * MEMBERS / 4, segments
     for member in members:
         await member.close()
+
+
+def _masked_frame(payload: bytes, opcode: int) -> bytes:
+    """One final client frame (masked, as a client must), of up to 65,535 bytes."""
+    mask = os.urandom(4)
+    size = len(payload)
+    length = bytes([0x80 | size]) if size < 126 else bytes([0x80 | 126]) + struct.pack("!H", size)
+    return (
+        bytes([0x80 | opcode])
+        + length
+        + mask
+        + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    )
+
+
+async def test_frames_sent_right_behind_the_upgrade_request_are_handled_in_order(
+    start_server, keys: KeyPair
+):
+    """A client that writes its first frames in the same segment as its handshake: the
+    server reads them before its connection handler runs, and answers them in order once
+    it does (none is lost waiting for the handler)."""
+    server = start_server()
+    codec = get_codec(server.serializer)
+    opcode = 2 if codec.binary else 1
+    frames = b"".join(
+        _masked_frame(codec.encode_client(message), opcode)
+        for message in (Join(room="early"), Send(room="early", body="pipelined", ref="p1"))
+    )
+    request = (
+        "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
+        f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {codec.subprotocol}\r\n"
+        f"Authorization: Bearer {keys.mint('early')}\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(request + frames)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    answers = []
+    while len(answers) < 4:  # welcome, joined, the message, its ack
+        _, second = await asyncio.wait_for(reader.readexactly(2), 10)
+        size = second & 0x7F
+        if size == 126:
+            (size,) = struct.unpack("!H", await reader.readexactly(2))
+        payload = await reader.readexactly(size)
+        answers.append(codec.decode_server(payload if codec.binary else payload.decode()))
+    assert [type(a) for a in answers] == [Welcome, Joined, Message, Ack], answers
+    assert answers[1].room == "early"
+    assert (answers[2].body, answers[2].ref) == ("pipelined", "p1")
+    assert (answers[3].seq, answers[3].ref) == (answers[2].seq, "p1")
+    writer.close()
