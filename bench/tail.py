@@ -13,6 +13,14 @@ histograms) and ``--json`` writes them. Runs ``--repeat`` times, alternating the
 ``--env`` variants if several are given (``--env GC_POLICY=default --env
 GC_POLICY=tuned``: each value of a name is one variant).
 
+``--of-capacity 0.7`` first measures each variant's capacity on a fresh server (the
+fast driver climbs by 1.25 times a step from ``--capacity-start-rate`` with
+``--capacity-step-s``-second steps, 20 by default, until p99 passes 100 ms) and runs
+that variant at 0.7 of its knee instead of ``--rate``: "70 % of the capacity just
+measured" in one command. A 5-s step's knee is a burst's: measured here, 264,240
+delivered/s with 5-s steps against 237,420 with 20-s steps, and a minute at 70 % of the
+first was far past the tail that 70 % of the second held.
+
 A load measurement owns the machine: nothing else heavy may run meanwhile.
 """
 
@@ -30,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import KeyPair, ServerProcess, free_port
+from bench.lab.results import Step
 from bench.lab.runner import scrape_metrics
 
 #: a pause or lateness above this (s) is a tail event
@@ -136,8 +145,11 @@ def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     return {"late_ticks_ms": late, "late_ticks_at": times, "late_tick_causes": causes}
 
 
-def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
-    """One server, one steady step; the driver's figures and the server's for the window."""
+def start_server(
+    args: argparse.Namespace, env: dict[str, str], workdir: Path
+) -> tuple[ServerProcess, Path, int]:
+    """A fresh chat server pinned to ``--server-core`` with ``env``; it, a token file for
+    the driver, and its metrics port."""
     keys = KeyPair(workdir)
     tokens = workdir / "tokens.json"
     users = max(1, args.connections // 10)
@@ -154,6 +166,58 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         log_level="warning",
         **env,
     ).start(timeout_s=30)
+    return server, tokens, metrics_port
+
+
+def env_rate(args: argparse.Namespace, env: dict[str, str]) -> float:
+    """The send rate of ``env``'s runs: ``--of-capacity`` times its knee, else ``--rate``."""
+    return float(args.rate_of.get(tuple(sorted(env.items())), args.rate))
+
+
+def knee(steps: list[dict[str, Any]], slo: dict[str, float]) -> tuple[float | None, bool]:
+    """The highest offered rate (sends/s) a climb held ``slo`` at, leaving out the steps
+    it ran again (``superseded``; None when no step held), and whether a step above it
+    broke (False: the knee lies higher, as when the climb held at its top rate)."""
+    climbed = [s for s in map(Step.from_dict, steps) if not s.superseded]
+    rate = max((s.offered_per_s for s in climbed if s.holds(slo)), default=None)
+    broke_above = any(not s.holds(slo) and s.offered_per_s > (rate or 0) for s in climbed)
+    return rate, broke_above
+
+
+def measure_capacity(
+    args: argparse.Namespace, env: dict[str, str], workdir: Path
+) -> tuple[float, bool]:
+    """Climb a fresh server with the fast driver (``--capacity-step-s`` steps, rates times
+    1.25 from ``--capacity-start-rate``, p99 under 100 ms): its knee in sends/s, and
+    whether a step above it broke (see :func:`knee`)."""
+    server, tokens, _ = start_server(args, env, workdir)
+    out = workdir / "climb.json"
+    command = [
+        *(sys.executable, "-m", "bench.lab.driver", "--target", "chat", "--url", server.url),
+        *("--token-file", str(tokens), "--connections", str(args.connections)),
+        *("--climb", "p99=100", "--rates", f"{args.capacity_start_rate:g}", "--factor", "1.25"),
+        *("--max-rate", f"{args.capacity_max_rate:g}", "--step-s", f"{args.capacity_step_s:g}"),
+        *("--warmup-s", "2", "--drain-s", "2", "--cpu-affinity", args.driver_core),
+        *("--json-out", str(out)),
+    ]
+    try:
+        with (workdir / "climb.log").open("w") as log:
+            status = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False
+            ).returncode
+    finally:
+        server.stop()
+    if status != 0 or not out.exists():
+        raise RuntimeError(f"the climb's driver exited {status}: see {workdir / 'climb.log'}")
+    rate, bracketed = knee(json.loads(out.read_text()), {"p99": 100.0})
+    if rate is None:
+        raise RuntimeError(f"no step of the climb held p99 < 100 ms: see {workdir / 'climb.log'}")
+    return rate, bracketed
+
+
+def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """One server, one steady step; the driver's figures and the server's for the window."""
+    server, tokens, metrics_port = start_server(args, env, workdir)
     scrapes: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
 
@@ -181,7 +245,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             "--connections",
             str(args.connections),
             "--rates",
-            f"{args.rate:g}",
+            f"{env_rate(args, env):g}",
             "--step-s",
             f"{args.duration_s:g}",
             "--warmup-s",
@@ -227,6 +291,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     figures["cpu_us_per_frame"] = 1e6 * figures["cpu_s"] / window_s / step["delivered_per_s"]
     return {
         "env": env,
+        "rate": env_rate(args, env),
         **stalls(stats["tail"], wall_start, wall_start + step["duration_s"]),
         "sent_per_s": step["sent_per_s"],
         "delivered_per_s": step["delivered_per_s"],
@@ -290,8 +355,30 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also print each run's GC pause, commit and loop-lag histograms for the window",
     )
+    parser.add_argument(
+        "--of-capacity",
+        type=float,
+        metavar="FRACTION",
+        help="first climb each variant to its knee (p99 < 100 ms) on a fresh server and run"
+        " at FRACTION of it instead of --rate (e.g. 0.7)",
+    )
+    parser.add_argument(
+        "--capacity-step-s",
+        type=float,
+        default=20,
+        help="seconds per climb step: long enough to be steady [20]",
+    )
+    parser.add_argument(
+        "--capacity-start-rate", type=float, default=10000, help="the climb's first rate [10000]"
+    )
+    parser.add_argument(
+        "--capacity-max-rate", type=float, default=40000, help="the climb's top rate [40000]"
+    )
     parser.add_argument("--json", type=Path, help="also write the runs here")
     args = parser.parse_args(argv)
+    if args.of_capacity is not None and not 0 < args.of_capacity <= 1:
+        parser.error("--of-capacity must be in (0, 1]")
+    args.rate_of = {}
     try:
         variants = parse_variants(args.env)
     except ValueError as exc:
@@ -301,8 +388,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{'settings':<28}{'p99 ms':>8}{'max ms':>8}{'gc0/1/2':>10}{'>10ms':>7}"
         f"{'late>10ms':>10}{'commits':>9}{'>10ms':>7}{'unavail':>8}{'cpu %':>7}{'us/frame':>9}"
     )
+    if args.of_capacity is not None:
+        for env in variants:
+            name = " ".join(f"{n.upper()}={v}" for n, v in env.items()) or "defaults"
+            print(f"climbing {name} ({args.capacity_step_s:g}-s steps)...", file=sys.stderr)
+            with tempfile.TemporaryDirectory(prefix="chatlab-tail-climb-") as tmp:
+                capacity, bracketed = measure_capacity(args, env, Path(tmp))
+            rate = round(args.of_capacity * capacity)
+            args.rate_of[tuple(sorted(env.items()))] = rate
+            at_least = "" if bracketed else "≥ "
+            print(
+                f"capacity of {name}: {at_least}{capacity:g} sends/s ({10 * capacity:,.0f}"
+                f" delivered/s in rooms of 10); its runs at {args.of_capacity:g} of it:"
+                f" {rate:g} sends/s"
+                + ("" if bracketed else " (no step above the knee broke: it lies higher)"),
+                file=sys.stderr,
+            )
+    rates = sorted({env_rate(args, env) for env in variants})
     print(
-        f"steady {args.duration_s:g} s at {args.rate:g} sends/s, {args.connections} connections",
+        f"steady {args.duration_s:g} s at {'/'.join(f'{r:g}' for r in rates)} sends/s,"
+        f" {args.connections} connections",
         file=sys.stderr,
     )
     print(header)

@@ -3,7 +3,14 @@ with what, and the window's histograms."""
 
 from __future__ import annotations
 
-from bench.tail import parse_variants, stalls, window_figures, window_histogram
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.harness import ROOT
+from bench.tail import knee, parse_variants, stalls, window_figures, window_histogram
 
 
 def test_late_ticks_in_the_window_are_attributed_to_what_overlapped_them():
@@ -73,3 +80,66 @@ def test_the_windows_figures_are_differences_between_the_two_scrapes():
     assert round(figures["commit_mean_ms"], 6) == 0.1
     assert figures["cpu_s"] == 7.5
     assert figures["unavailable"] == 2
+
+
+def _step(rate: float, p99: float, superseded: bool = False) -> dict[str, Any]:
+    return {
+        "driver": "fast",
+        "name": f"rate {rate:g}/s",
+        "connections": 100,
+        "offered_per_s": rate,
+        "duration_s": 1.0,
+        "sent": int(rate),
+        "delivered": int(rate) * 10,
+        "expected": int(rate) * 10,
+        "sent_per_s": rate,
+        "delivered_per_s": rate * 10,
+        "latency_ms": {"p50": 1.0, "p90": 1.0, "p99": p99, "p999": p99, "max": p99},
+        "superseded": superseded,
+    }
+
+
+def test_the_knee_is_the_highest_rate_held_and_says_whether_a_step_above_broke():
+    slo = {"p99": 100.0}
+    # 1562 held once, but the climb ran it again (a stall) and went by the re-run
+    climb = [_step(1000, 5), _step(1250, 8), _step(1562, 9, superseded=True), _step(1562, 400)]
+    assert knee(climb, slo) == (1250, True)
+    assert knee(climb[:2], slo) == (1250, False)  # held at its top: the knee lies higher
+    assert knee([_step(1000, 150)], slo) == (None, True)
+
+
+def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path: Path):
+    out = tmp_path / "runs.json"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.tail", "--of-capacity", "0.7", "--connections", "100"),
+            *("--duration-s", "2", "--repeat", "1", "--capacity-step-s", "1"),
+            *("--capacity-start-rate", "500", "--capacity-max-rate", "1500"),
+            *("--json", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("capacity of defaults:")]
+    knee_rate = float(line.split(": ")[1].lstrip("≥ ").split(" ")[0])
+    [run] = json.loads(out.read_text())
+    assert run["rate"] == round(0.7 * knee_rate)
+    assert 500 <= knee_rate <= 1500
+    assert run["p99_ms"] > 0 and run["errors"] == 0
+
+
+def test_of_capacity_outside_0_to_1_is_refused():
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.tail", "--of-capacity", "1.5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--of-capacity must be in (0, 1]" in result.stderr
