@@ -108,20 +108,24 @@ def test_the_knee_is_the_highest_rate_held_and_says_whether_a_step_above_broke()
     assert knee([_step(1000, 150)], slo) == (None, True)
 
 
-def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path: Path):
-    out = tmp_path / "runs.json"
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "bench.tail", "--of-capacity", "0.7", "--connections", "100"),
-            *("--duration-s", "2", "--repeat", "1", "--capacity-step-s", "1"),
-            *("--capacity-start-rate", "500", "--capacity-max-rate", "1500"),
-            *("--json", str(out)),
-        ],
+def run_tail(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.tail ARGS`` to completion; its status and output."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.tail", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+    )
+
+
+def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path: Path):
+    out = tmp_path / "runs.json"
+    result = run_tail(
+        *("--of-capacity", "0.7", "--connections", "100", "--duration-s", "2", "--repeat", "1"),
+        *("--capacity-step-s", "1", "--capacity-start-rate", "500", "--capacity-max-rate", "1500"),
+        *("--json", str(out)),
     )
     assert result.returncode == 0, result.stderr
     [line] = [x for x in result.stderr.splitlines() if x.startswith("capacity of defaults:")]
@@ -133,13 +137,6 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
 
 
 def test_of_capacity_outside_0_to_1_is_refused():
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.tail", "--of-capacity", "1.5"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_tail("--of-capacity", "1.5")
     assert result.returncode == 2
     assert "--of-capacity must be in (0, 1]" in result.stderr
