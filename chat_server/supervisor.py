@@ -44,7 +44,7 @@ the group (``SO_ATTACH_REUSEPORT_CBPF``, no privilege needed): a random pick amo
 seats whose worker is ready, rewritten whenever that set changes. So:
 
 - connections spread evenly over the ready workers however busy each one is: a burst
-  of 40 lands about 20/20, never 40/0 (a single shared socket gave each new
+  of 40 lands about 20/20, 40/0 once in 2^39 (a single shared socket gave each new
   connection to whichever worker called ``accept`` first, and on a loaded machine
   one worker could take a whole burst: measured, 40 of 40);
 - a dead or starting worker gets no new connections: the supervisor learns of a death
