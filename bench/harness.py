@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,18 @@ from chat_server.auth import key_id
 ROOT = Path(__file__).resolve().parent.parent
 ISSUER = "chatlab-auth"
 AUDIENCE = "chatlab-chat"
+
+
+def pin_this_thread(cores: Iterable[int] | None) -> None:
+    """Pin the calling thread, and only it, to ``cores`` (Linux's ``sched_setaffinity(0)``
+    is per thread); None or none leaves it free.
+
+    A measurement's own work (scrapes, samples) runs this way on the generator's core:
+    unpinned, the scheduler may wake it on the server's core, where it preempts the
+    server for a few milliseconds, a late tick the server cannot explain.
+    """
+    if cores:
+        os.sched_setaffinity(0, set(cores))
 
 
 def free_port() -> int:

@@ -37,13 +37,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import KeyPair, ServerProcess, free_port
+from bench.harness import KeyPair, ServerProcess, free_port, pin_this_thread
 from bench.lab.results import Step
 from bench.lab.runner import scrape_metrics
+from chat_server.settings import parse_core_list
 
 #: a pause or lateness above this (s) is a tail event
 TAIL_BOUND_S = 0.01
 SCRAPE_EVERY_S = 0.5
+#: a scrape's entry for the server loop's wait for its core, in s (not a metric: schedstat)
+WAITED = "core_wait_seconds"
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -53,6 +56,39 @@ def scrape(port: int) -> dict[str, float]:
         name if "{" in name else f"{name}{{}}": value
         for name, value in scrape_metrics(port, buckets=True).items()
     }
+
+
+def core_wait_s(pids: list[int]) -> float | None:
+    """How long the main threads of ``pids`` (the servers' event loops) have waited,
+    runnable, for their cores (Linux schedstat), in seconds, summed; None where there is
+    no schedstat."""
+    try:
+        total = 0
+        for pid in pids:
+            with open(f"/proc/{pid}/schedstat") as f:
+                total += int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / 1e9
+
+
+def second_figures(
+    scrapes: list[tuple[float, dict[str, float]]], start: float, end: float
+) -> dict[str, float]:
+    """The server's CPU % and the ms its loop waited for its core over the scrapes that
+    bracket ``[start, end]`` (monotonic): what a slow second looked like from the server."""
+    before = max((s for s in scrapes if s[0] <= start), key=lambda s: s[0], default=None)
+    after = min((s for s in scrapes if s[0] >= end), key=lambda s: s[0], default=None)
+    if before is None or after is None or after[0] <= before[0]:
+        return {}
+    span = after[0] - before[0]
+    figures = {}
+    cpu = "process_cpu_seconds_total{}"
+    if cpu in before[1] and cpu in after[1]:
+        figures["cpu_percent"] = 100 * (after[1][cpu] - before[1][cpu]) / span
+    if WAITED in before[1] and WAITED in after[1]:
+        figures["core_wait_ms_per_s"] = 1e3 * (after[1][WAITED] - before[1][WAITED]) / span
+    return figures
 
 
 def above(samples: dict[str, float], family: str, bound_s: float, labels: str = "") -> float:
@@ -221,10 +257,19 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     scrapes: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
 
+    assert server.proc is not None
+    loops = server.worker_pids() or [server.proc.pid]
+
     def scrape_loop() -> None:
+        # the harness's own work runs beside the driver, not on the server's core
+        pin_this_thread(parse_core_list(args.driver_core))
         while not stop.is_set():
             with contextlib.suppress(OSError):  # not up yet, or gone: the next one counts
-                scrapes.append((time.monotonic(), scrape(metrics_port)))
+                samples = scrape(metrics_port)
+                waited = core_wait_s(loops)
+                if waited is not None:
+                    samples[WAITED] = waited
+                scrapes.append((time.monotonic(), samples))
             stop.wait(SCRAPE_EVERY_S)
 
     scraper = threading.Thread(target=scrape_loop, daemon=True)
@@ -289,10 +334,18 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     # the scrapes bracket the window by up to SCRAPE_EVERY_S each side: a close estimate
     figures["cpu_percent"] = 100 * figures["cpu_s"] / window_s
     figures["cpu_us_per_frame"] = 1e6 * figures["cpu_s"] / window_s / step["delivered_per_s"]
+    figures.update(
+        {
+            f"window_{name}": value
+            for name, value in second_figures(scrapes, before[0], after[0]).items()
+        }
+    )
     return {
         "env": env,
         "rate": env_rate(args, env),
         **stalls(stats["tail"], wall_start, wall_start + step["duration_s"]),
+        # since the server started (SQLite store only)
+        "checkpointer": stats["tail"].get("checkpointer", {}),
         "sent_per_s": step["sent_per_s"],
         "delivered_per_s": step["delivered_per_s"],
         "p99_ms": step["latency_ms"]["p99"],
@@ -305,7 +358,11 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         "generator_gc_runs": step.get("generator_gc_runs", 0),
         # the seconds of the window whose slowest delivery passed the tail bound
         "slow_seconds": [
-            {"t_s": round(p["t_s"] - step["started_s"], 1), "max_ms": p["max_ms"]}
+            {
+                "t_s": round(p["t_s"] - step["started_s"], 1),
+                "max_ms": p["max_ms"],
+                **second_figures(scrapes, t0 + p["t_s"] - 1, t0 + p["t_s"]),
+            }
             for p in step["timeline"]
             if p.get("max_ms") and p["max_ms"] > TAIL_BOUND_S * 1e3 * 2
         ],
@@ -316,6 +373,17 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             for key, (family, labels) in WINDOW_HISTOGRAMS.items()
         },
     }
+
+
+def looked(figures: dict[str, Any]) -> str:
+    """`` (cpu 81 %, waited 3.2 ms)``: what the server did around a second (or the window),
+    from :func:`second_figures`; empty when it has neither."""
+    parts = []
+    if "cpu_percent" in figures:
+        parts.append(f"cpu {figures['cpu_percent']:.0f} %")
+    if "core_wait_ms_per_s" in figures:
+        parts.append(f"waited {figures['core_wait_ms_per_s']:.1f} ms")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def parse_variants(pairs: list[str]) -> list[dict[str, str]]:
@@ -428,13 +496,30 @@ def main(argv: list[str] | None = None) -> int:
                 + ("  generator-limited" if run["generator_limited"] else ""),
                 flush=True,
             )
-            slow = ", ".join(f"{p['t_s']:g}: {p['max_ms']:.1f}" for p in run["slow_seconds"])
+            slow = ", ".join(
+                f"{p['t_s']:g}: {p['max_ms']:.1f}{looked(p)}" for p in run["slow_seconds"]
+            )
             print(
                 f"    driver: cpu {run['generator_cpu_percent'] or 0:.0f}%, max send lag"
                 f" {run['max_send_lag_ms']:.1f} ms, its GC ran {run['generator_gc_runs']}"
                 " times; seconds with a delivery over"
-                f" {2 * TAIL_BOUND_S * 1e3:g} ms (s into the window: max ms): {slow or 'none'}"
+                f" {2 * TAIL_BOUND_S * 1e3:g} ms (s into the window: max ms, and the server"
+                f" around it): {slow or 'none'}"
             )
+            server_notes = []
+            if "window_core_wait_ms_per_s" in run:
+                server_notes.append(
+                    "its loop waited for its core"
+                    f" {run['window_core_wait_ms_per_s']:.1f} ms a second over the window"
+                )
+            if run["checkpointer"]:
+                server_notes.append(
+                    f"{run['checkpointer']['checkpoints']} checkpoints since start; it fell"
+                    f" behind {run['checkpointer']['catch_ups']} times (and caught up at normal"
+                    " priority)"
+                )
+            if server_notes:
+                print(f"    server: {'; '.join(server_notes)}")
             if run["late_ticks_ms"]:
                 causes = ", ".join(f"{k} {v}" for k, v in sorted(run["late_tick_causes"].items()))
                 print(f"    late ticks (ms): {run['late_ticks_ms']}; coincided with: {causes}")

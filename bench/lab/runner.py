@@ -586,7 +586,7 @@ class Lab:
             generator_cores=self.generator_cores,
             started_s=round(time.monotonic() - self.t0, 2),
         )
-        return workdir, run, Sampler(time.monotonic()).start()
+        return workdir, run, Sampler(time.monotonic(), cores=self.generator_cores).start()
 
     def run_config(self, matrix: Matrix, config: Config, repeat: int) -> Run:
         """Start, drive, sample and stop one configuration once; its Run (status says how)."""
@@ -607,7 +607,9 @@ class Lab:
             url = server.url  # type: ignore[attr-defined]
             if metrics_port and config.target == "chat":
                 stats_url = f"http://127.0.0.1:{server.port}/stats"  # type: ignore[attr-defined]
-                watch = TailWatch(scrape_metrics, metrics_port, stats_url, sampler.t0).start()
+                watch = TailWatch(
+                    scrape_metrics, metrics_port, stats_url, sampler.t0, self.generator_cores
+                ).start()
             if config.fast:
                 self._phase(config, repeat, "fast driver climb" if load.climb else "fast driver")
                 run.steps.extend(self.fast_step(config, load, url, workdir, sampler))

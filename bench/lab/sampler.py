@@ -13,6 +13,7 @@ from contextlib import suppress
 
 import psutil
 
+from bench.harness import pin_this_thread
 from bench.lab.results import Sample
 
 INTERVAL_S = 0.5
@@ -21,8 +22,12 @@ INTERVAL_S = 0.5
 class Sampler:
     """Samples every role's process tree until :meth:`stop`; roles can change while it runs."""
 
-    def __init__(self, t0: float, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self, t0: float, interval_s: float = INTERVAL_S, cores: list[int] | None = None
+    ) -> None:
         self.t0 = t0
+        #: the cores the sampling thread runs on (the generator's: never the server's)
+        self.cores = cores
         self.interval_s = interval_s
         self.samples: dict[str, list[Sample]] = {}
         self._roles: dict[str, int] = {}
@@ -61,6 +66,7 @@ class Sampler:
         return procs
 
     def _loop(self) -> None:
+        pin_this_thread(self.cores)
         next_at = time.monotonic()
         while not self._stop.is_set():
             with self._lock:

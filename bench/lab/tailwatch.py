@@ -19,6 +19,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from bench.harness import pin_this_thread
+
 #: the series kept each second (prefixes of scrape_metrics' keys)
 KEPT = (
     "chat_gc_pause_seconds_count",
@@ -101,8 +103,10 @@ class TailWatch:
         metrics_port: int,
         stats_url: str,
         t0_monotonic: float,
+        cores: list[int] | None = None,
     ) -> None:
         self._scrape = scrape
+        self._cores = cores  # where its thread runs: the generator's cores
         self._port = metrics_port
         self._stats_url = stats_url
         self._t0 = t0_monotonic
@@ -124,6 +128,7 @@ class TailWatch:
         return self.series, events
 
     def _run(self) -> None:
+        pin_this_thread(self._cores)
         beat = 0
         while not self._stop.wait(INTERVAL_S):
             with suppress(OSError, ValueError):

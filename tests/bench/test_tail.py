@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT
-from bench.tail import knee, parse_variants, stalls, window_figures, window_histogram
+from bench.tail import (
+    WAITED,
+    knee,
+    parse_variants,
+    second_figures,
+    stalls,
+    window_figures,
+    window_histogram,
+)
 
 
 def test_late_ticks_in_the_window_are_attributed_to_what_overlapped_them():
@@ -82,6 +90,22 @@ def test_the_windows_figures_are_differences_between_the_two_scrapes():
     assert figures["unavailable"] == 2
 
 
+def test_a_seconds_figures_come_from_the_scrapes_around_it():
+    cpu, waited = "process_cpu_seconds_total{}", WAITED
+    scrapes = [
+        (10.0, {cpu: 1.0, waited: 0.100}),
+        (10.5, {cpu: 1.4, waited: 0.105}),
+        (11.0, {cpu: 1.8, waited: 0.110}),
+        (11.5, {cpu: 2.2, waited: 0.140}),
+    ]
+    # the second [10.5, 11.5]: 0.8 s of CPU and 35 ms of waiting over 1 s
+    figures = second_figures(scrapes, 10.5, 11.5)
+    assert round(figures["cpu_percent"], 6) == 80.0
+    assert round(figures["core_wait_ms_per_s"], 6) == 35.0
+    # a second no scrape follows says nothing
+    assert second_figures(scrapes, 11.2, 12.2) == {}
+
+
 def _step(rate: float, p99: float, superseded: bool = False) -> dict[str, Any]:
     return {
         "driver": "fast",
@@ -134,6 +158,10 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
     assert run["rate"] == round(0.7 * knee_rate)
     assert 500 <= knee_rate <= 1500
     assert run["p99_ms"] > 0 and run["errors"] == 0
+    # the server's side: its loop's wait for its core, and its checkpointer
+    assert run["window_core_wait_ms_per_s"] >= 0
+    assert run["checkpointer"]["checkpoints"] >= 0 and "catch_ups" in run["checkpointer"]
+    assert "its loop waited for its core" in result.stdout
 
 
 def test_of_capacity_outside_0_to_1_is_refused():

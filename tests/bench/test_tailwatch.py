@@ -4,6 +4,7 @@ and a real server read while it serves."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 
@@ -56,8 +57,10 @@ async def test_a_watch_reads_a_real_server_s_metrics_and_events(
         rate_limit_burst=10000,
     )
     t0 = time.monotonic()
+    ours = os.sched_getaffinity(0)
+    core = max(ours)  # the generator's, in the lab
     watch = TailWatch(
-        scrape_metrics, metrics_port, f"http://127.0.0.1:{server.port}/stats", t0
+        scrape_metrics, metrics_port, f"http://127.0.0.1:{server.port}/stats", t0, [core]
     ).start()
     alice = await Client.connect(server, keys.mint("alice"))
     await alice.expect(Welcome)
@@ -67,6 +70,9 @@ async def test_a_watch_reads_a_real_server_s_metrics_and_events(
     for _ in range(200):
         await alice.expect(Ack, skip=(Message,))
     await asyncio.sleep(2.5)
+    # its thread, and only it, runs on that core
+    assert os.sched_getaffinity(watch._thread.native_id or 0) == {core}
+    assert os.sched_getaffinity(0) == ours
     series, events = watch.stop()
     await alice.close()
     assert len(series) >= 2
