@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import sys
 import textwrap
@@ -405,12 +406,34 @@ async def test_commits_never_checkpoint_the_checkpointer_does(
     assert stored_seqs(db_path) == list(range(1, 1202))
 
 
+def policy_of(tid: int | None) -> int:
+    """A thread's Linux scheduling policy."""
+    assert tid is not None
+    return os.sched_getscheduler(tid)
+
+
+async def test_the_checkpointer_runs_only_in_the_loops_idle_time(
+    open_store: StoreFactory,
+) -> None:
+    store, _ = await open_store(checkpoint_pages=4)
+    await wait_until(lambda: store.checkpointer_tid is not None)
+    assert policy_of(store.checkpointer_tid) == os.SCHED_IDLE
+    # it still checkpoints (the test's loop sleeps: the core has idle time)
+    for _ in range(5):
+        store.submit(make_message(body="x" * 3000), None)
+    await store.flush()
+    await wait_until(lambda: store.checkpoints > 0)
+    assert store.checkpoint_catch_ups == 0
+    assert policy_of(store.checkpointer_tid) == os.SCHED_IDLE
+
+
 async def test_a_reader_blocking_checkpoints_bounds_the_wal_with_unavailable(
     open_store: StoreFactory, db_path: Path
 ) -> None:
     store, _ = await open_store(checkpoint_pages=4, wal_max_bytes=1 << 20)
     store.submit(make_message(), None)
     await store.flush()
+    await wait_until(lambda: store.checkpointer_tid is not None)
     reader = sqlite3.connect(db_path, isolation_level=None)
     try:
         reader.execute("BEGIN")
@@ -427,6 +450,9 @@ async def test_a_reader_blocking_checkpoints_bounds_the_wal_with_unavailable(
                 await asyncio.sleep(0.01)
         assert "checkpoint is blocked" in str(refused)
         assert db_path.with_name(db_path.name + "-wal").stat().st_size < 4 << 20
+        # far behind: the checkpointer left SCHED_IDLE to catch up at normal priority
+        assert store.checkpoint_catch_ups >= 1
+        assert policy_of(store.checkpointer_tid) == os.SCHED_OTHER
     finally:
         reader.execute("COMMIT")
         reader.close()
@@ -440,6 +466,8 @@ async def test_a_reader_blocking_checkpoints_bounds_the_wal_with_unavailable(
                 await asyncio.sleep(0.05)
     await store.flush()
     assert (await store.history("lobby", None, 1))[0].body == "after"
+    # caught up: back to the loop's idle time
+    await wait_until(lambda: policy_of(store.checkpointer_tid) == os.SCHED_IDLE)
 
 
 async def test_failing_on_batch_callback_does_not_stall_the_store(
