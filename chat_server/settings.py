@@ -327,7 +327,8 @@ SPECS: tuple[Spec, ...] = (
         "chat_db_checkpoint_pages",
         "1000",
         integer(1),
-        "WAL pages that start a PASSIVE checkpoint, run on its own thread and connection",
+        "WAL pages that start a PASSIVE checkpoint, run on its own thread and connection"
+        " (SCHED_IDLE: in the core's idle time, unless 4x this is left behind)",
     ),
     Spec(
         "CHAT_DB_WAL_MAX_BYTES",
