@@ -30,10 +30,11 @@ checkpointer thread with its own connection runs ``PRAGMA
 wal_checkpoint(PASSIVE)`` whenever the WAL file reaches ``checkpoint_pages``
 pages; PASSIVE never waits for readers or writers, so no commit waits on the
 checkpoint's fsync. The checkpointer runs as ``SCHED_IDLE`` (only in the loop's idle
-time on its core) unless it fell behind (see :meth:`_set_checkpointer_idle`). One small fsync stays on the commit path: the first commit after
-a checkpoint copied everything back restarts the WAL from its start and syncs its new
-header (SQLite does so at every ``synchronous`` but ``off``, so that a power loss
-cannot mix old and new frames): about once per checkpoint, 0.3-0.5 ms under strace
+time on its core) unless it fell behind (see :meth:`_set_checkpointer_idle`). One
+small fsync stays on the commit path: the first commit after a checkpoint copied
+everything back restarts the WAL from its start and syncs its new header (SQLite
+does so at every ``synchronous`` but ``off``, so that a power loss cannot mix old and
+new frames): about once per checkpoint, 0.3-0.5 ms under strace
 here, longer when the file system's journal is busy. A reader that holds an old
 snapshot open (an outside tool in a long transaction) can keep a checkpoint from
 finishing; the WAL then grows, and once what is not checkpointed passes
