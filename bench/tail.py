@@ -334,12 +334,9 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     # the scrapes bracket the window by up to SCRAPE_EVERY_S each side: a close estimate
     figures["cpu_percent"] = 100 * figures["cpu_s"] / window_s
     figures["cpu_us_per_frame"] = 1e6 * figures["cpu_s"] / window_s / step["delivered_per_s"]
-    figures.update(
-        {
-            f"window_{name}": value
-            for name, value in second_figures(scrapes, before[0], after[0]).items()
-        }
-    )
+    waited = second_figures(scrapes, before[0], after[0]).get("core_wait_ms_per_s")
+    if waited is not None:  # the window's CPU is figures["cpu_percent"] already
+        figures["window_core_wait_ms_per_s"] = waited
     return {
         "env": env,
         "rate": env_rate(args, env),
@@ -514,9 +511,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if run["checkpointer"]:
                 server_notes.append(
-                    f"{run['checkpointer']['checkpoints']} checkpoints since start; it fell"
-                    f" behind {run['checkpointer']['catch_ups']} times (and caught up at normal"
-                    " priority)"
+                    f"{run['checkpointer']['checkpoints']} checkpoints since start,"
+                    f" {run['checkpointer']['catch_ups']} of them raised to normal priority"
+                    " (starved past 0.5 s)"
                 )
             if server_notes:
                 print(f"    server: {'; '.join(server_notes)}")
