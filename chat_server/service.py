@@ -118,6 +118,7 @@ class ChatService:
                 writer_hook=writer_hook,
                 commit_on=settings.store_commit_place,
                 checkpoint_pages=settings.chat_db_checkpoint_pages,
+                checkpointer_idle=settings.chat_db_checkpointer == "idle",
                 commit_interval_ms=settings.chat_db_commit_interval_ms,
                 wal_max_bytes=settings.chat_db_wal_max_bytes,
                 commit_seconds=self.counters.commit_seconds,

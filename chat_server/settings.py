@@ -328,7 +328,15 @@ SPECS: tuple[Spec, ...] = (
         "1000",
         integer(1),
         "WAL pages that start a PASSIVE checkpoint, run on its own thread and connection"
-        " (SCHED_IDLE: in the core's idle time, unless 4x this is left behind)",
+        " (its priority: CHAT_DB_CHECKPOINTER)",
+    ),
+    Spec(
+        "CHAT_DB_CHECKPOINTER",
+        "chat_db_checkpointer",
+        "idle",
+        choice("idle", "normal"),
+        "the checkpointer thread's priority on the server's core: idle (SCHED_IDLE, in the"
+        " loop's idle time; raised while a checkpoint runs past 0.5 s) or normal",
     ),
     Spec(
         "CHAT_DB_WAL_MAX_BYTES",
@@ -584,6 +592,7 @@ class Settings(SpecSettings):
     chat_db_commit: str
     chat_db_commit_interval_ms: float
     chat_db_checkpoint_pages: int
+    chat_db_checkpointer: str
     chat_db_wal_max_bytes: int
     gc_policy: str
     gc_full_interval_s: float

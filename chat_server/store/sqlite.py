@@ -30,7 +30,7 @@ checkpointer thread with its own connection runs ``PRAGMA
 wal_checkpoint(PASSIVE)`` whenever the WAL file reaches ``checkpoint_pages``
 pages; PASSIVE never waits for readers or writers, so no commit waits on the
 checkpoint's fsync. The checkpointer runs as ``SCHED_IDLE`` (only in the loop's idle
-time on its core) unless it fell behind (see :meth:`_set_checkpointer_idle`). One
+time on its core) unless one runs too long (see :meth:`_set_checkpointer_idle`). One
 small fsync stays on the commit path: the first commit after a checkpoint copied
 everything back restarts the WAL from its start and syncs its new header (SQLite
 does so at every ``synchronous`` but ``off``, so that a power loss cannot mix old and
@@ -130,9 +130,9 @@ _IDLE_CHECK_S: Final = 1.0
 COMMIT_NOW_SIZE: Final = 32
 #: how often the checkpointer looks at the WAL file's size
 CHECKPOINT_POLL_S: Final = 0.25
-#: a checkpoint that leaves this many checkpoints' worth (``checkpoint_pages``) not
-#: copied back puts the checkpointer at normal priority until one leaves less
-CATCH_UP_CHECKPOINTS: Final = 4
+#: a checkpoint still running after this long (s) had no idle time on its core: the loop
+#: puts the checkpointer at normal priority until it ends
+CATCH_UP_AFTER_S: Final = 0.5
 _COMMIT_PLACES: Final = ("loop", "thread")
 
 _T = TypeVar("_T")
@@ -205,6 +205,7 @@ class SqliteHistoryStore(LedgerStore):
         writer_hook: WriterThreadHook | None = None,
         commit_on: str | None = None,
         checkpoint_pages: int = 1000,
+        checkpointer_idle: bool = True,
         wal_max_bytes: int = 256 << 20,
         commit_seconds: PlainHistogram | None = None,
         commit_interval_ms: float = 0.0,
@@ -249,6 +250,8 @@ class SqliteHistoryStore(LedgerStore):
         self._writer_hook: WriterThreadHook = _NO_HOOK if writer_hook is None else writer_hook
         self._on_loop = commit_on == "loop"
         self._checkpoint_pages = checkpoint_pages
+        #: whether the checkpointer runs as SCHED_IDLE at all (CHAT_DB_CHECKPOINTER)
+        self._idle_policy = checkpointer_idle
         self._wal_max_bytes = wal_max_bytes
         self._commit_interval_s = commit_interval_ms / 1000
         self.commit_seconds = (
@@ -285,8 +288,12 @@ class SqliteHistoryStore(LedgerStore):
         #: the checkpointer's thread id (Linux), and whether it runs as SCHED_IDLE
         self.checkpointer_tid: int | None = None
         self.checkpointer_idle = False
-        #: times it fell behind and went back to normal priority to catch up
+        #: times a checkpoint ran past CATCH_UP_AFTER_S and was put at normal priority
         self.checkpoint_catch_ups = 0
+        #: when the running checkpoint began (time.monotonic), None between checkpoints
+        self._checkpoint_began: float | None = None
+        #: the loop's look at the checkpointer, every CHECKPOINT_POLL_S
+        self._watch: asyncio.TimerHandle | None = None
 
         # Owned by the event loop.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -344,6 +351,7 @@ class SqliteHistoryStore(LedgerStore):
                 target=self._run_checkpointer, name="chat-history-checkpointer", daemon=False
             )
             self._checkpointer.start()
+            self._watch = self._loop.call_later(CHECKPOINT_POLL_S, self._watch_checkpointer)
         except BaseException:
             self._closed = True
             await self._stop_threads()
@@ -381,6 +389,9 @@ class SqliteHistoryStore(LedgerStore):
             await asyncio.wrap_future(self._writer_stopped)
             self._writer.join()
             self._writer = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._checkpointer is not None:
             self._checkpointer_stop.set()
             checkpointer, self._checkpointer = self._checkpointer, None
@@ -725,22 +736,27 @@ class SqliteHistoryStore(LedgerStore):
             conn.close()
 
     def _set_checkpointer_idle(self, idle: bool) -> None:
-        """Checkpointer thread: run as ``SCHED_IDLE`` (only when its core has nothing else
-        to run) or at normal priority. Where Linux's policies are missing, it stays normal.
+        """Run the checkpointer thread as ``SCHED_IDLE`` (only when its core has nothing
+        else to run) or at normal priority; from any thread. Where Linux's policies are
+        missing, it stays normal.
 
         At normal priority the checkpointer took its share of the loop's core in the
         middle of a burst: at 170,000 delivered/s it ran 24 ms a second and the loop waited
         as long for its core. As ``SCHED_IDLE`` it runs in the loop's idle time, and a
         loop that wakes takes the core back at once. A core with no idle time (the server
-        past its capacity) would starve it, so a checkpoint that left more than
-        ``CATCH_UP_CHECKPOINTS`` checkpoints' worth behind it switches it back to normal
-        until one leaves less: the WAL stays bounded.
+        past its capacity) starves it: there 6 checkpoints ran in 45 s. So the loop
+        (:meth:`_watch_checkpointer`) puts a checkpoint that runs past
+        ``CATCH_UP_AFTER_S`` at normal priority, and the checkpointer goes back to
+        ``SCHED_IDLE`` when it ends (48 checkpoints in 45 s there).
         """
-        if idle == self.checkpointer_idle or not hasattr(os, "SCHED_IDLE"):
+        tid = self.checkpointer_tid
+        if idle and not self._idle_policy:
+            return  # CHAT_DB_CHECKPOINTER=normal
+        if idle == self.checkpointer_idle or tid is None or not hasattr(os, "SCHED_IDLE"):
             return
         policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
         try:
-            os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
         except OSError as exc:
             logger.warning("history store: cannot set the checkpointer's policy: %s", exc)
             return
@@ -748,23 +764,33 @@ class SqliteHistoryStore(LedgerStore):
         if not idle:
             self.checkpoint_catch_ups += 1
 
+    def _watch_checkpointer(self) -> None:
+        """Event loop, every ``CHECKPOINT_POLL_S``: a checkpoint running past
+        ``CATCH_UP_AFTER_S`` is starved (its core has no idle time), so it gets normal
+        priority until it ends."""
+        began = self._checkpoint_began
+        if began is not None and time.monotonic() - began > CATCH_UP_AFTER_S:
+            self._set_checkpointer_idle(False)
+        assert self._loop is not None
+        self._watch = self._loop.call_later(CHECKPOINT_POLL_S, self._watch_checkpointer)
+
     def _checkpoint(self, conn: sqlite3.Connection, page_size: int) -> None:
         """One PASSIVE checkpoint; sets or clears the blocked flag from what it left."""
         started = time.perf_counter()
+        self._checkpoint_began = time.monotonic()
         try:
             _busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
             logger.warning("history store: checkpoint failed: %s", exc)
             return
+        finally:
+            self._checkpoint_began = None
         took = time.perf_counter() - started
         if took >= NOTABLE_LAG_S:
             self.slow_checkpoints.append((time.time() - took, took, copied))
         self.checkpoints += 1
-        left_frames = max(0, wal_frames - copied)
-        # Behind (what came in while it copied is more than a few checkpoints' worth):
-        # the core had no idle time for it, so it catches up at normal priority.
-        self._set_checkpointer_idle(left_frames < CATCH_UP_CHECKPOINTS * self._checkpoint_pages)
-        left_bytes = left_frames * page_size
+        self._set_checkpointer_idle(True)  # if the loop had to raise it
+        left_bytes = max(0, wal_frames - copied) * page_size
         blocked = left_bytes > self._wal_max_bytes
         if blocked != self._wal_blocked:
             self._wal_blocked = blocked
