@@ -30,19 +30,23 @@ checkpointer thread with its own connection runs ``PRAGMA
 wal_checkpoint(PASSIVE)`` whenever the WAL file reaches ``checkpoint_pages``
 pages; PASSIVE never waits for readers or writers, so no commit waits on the
 checkpoint's fsync. The checkpointer runs as ``SCHED_IDLE`` (only in the loop's idle
-time on its core) unless one runs too long (see :meth:`_set_checkpointer_idle`). One
-small fsync stays on the commit path: the first commit after a checkpoint copied
-everything back restarts the WAL from its start and syncs its new header (SQLite
-does so at every ``synchronous`` but ``off``, so that a power loss cannot mix old and
-new frames): about once per checkpoint, 0.3-0.5 ms under strace
-here, longer when the file system's journal is busy. A reader that holds an old
+time on its core) unless one runs too long (see :meth:`_set_checkpointer_idle`).
+Beside a commit every millisecond a PASSIVE checkpoint never ends with nothing left,
+and SQLite starts the WAL again only after one did: so once the WAL holds
+``WAL_RESTART_CHECKPOINTS`` checkpoints' worth, the checkpointer holds the commits for
+a few milliseconds (commits on the loop wait in a list; the loop goes on), copies the
+last frames and restarts the WAL itself (see :meth:`_restart_wal`). The WAL file
+therefore stays near what comes in between two restarts, and a file grown past
+``WAL_FILE_LIMIT_RESTARTS`` restarts' worth (a reader held checkpoints back) is cut
+back on the checkpointer's thread, never on the loop. SQLite syncs the new WAL header
+at every restart (so that a power loss cannot mix old and new frames); for these
+restarts that happens in the checkpointer's restarting write, not in a commit. A WAL
+that restarts by itself (a lull let a checkpoint finish) still has the commit that
+restarts it sync the header: 0.3-0.5 ms under strace here. A reader that holds an old
 snapshot open (an outside tool in a long transaction) can keep a checkpoint from
 finishing; the WAL then grows, and once what is not checkpointed passes
 ``wal_max_bytes`` new submissions are refused with ``unavailable`` ("checkpoint
 blocked") until a checkpoint catches up, so what it holds unchecked stays bounded.
-The WAL file is never cut back (``journal_size_limit`` -1): under steady load near
-saturation it restarts only in a lull, so its file keeps the largest size it reached
-(``docs/performance.md``).
 
 Durability, by ``synchronous`` (SQLite's ``PRAGMA synchronous`` in WAL mode):
 
@@ -133,6 +137,16 @@ CHECKPOINT_POLL_S: Final = 0.25
 #: a checkpoint still running after this long (s) had no idle time on its core: the loop
 #: puts the checkpointer at normal priority until it ends
 CATCH_UP_AFTER_S: Final = 0.5
+#: once the WAL holds this many checkpoints' worth of frames (``checkpoint_pages`` each)
+#: since it last restarted, the checkpointer has it restart (see :meth:`_restart_wal`)
+WAL_RESTART_CHECKPOINTS: Final = 4
+#: a WAL file bigger than this many restarts' worth is cut back to it when the WAL restarts
+WAL_FILE_LIMIT_RESTARTS: Final = 4
+#: before it holds the commits, the checkpointer copies what came in meanwhile without
+#: holding them, until one such pass takes less than this (s), at most
+#: ``RESTART_PASSES_MAX`` times: what the held pass copies is what the last one let in
+SHORT_PASS_S: Final = 0.005
+RESTART_PASSES_MAX: Final = 3
 _COMMIT_PLACES: Final = ("loop", "thread")
 
 _T = TypeVar("_T")
@@ -265,9 +279,17 @@ class SqliteHistoryStore(LedgerStore):
         self.slow_checkpoints: collections.deque[tuple[float, float, int]] = collections.deque(
             maxlen=NOTABLE_KEPT
         )
+        #: ``(unix time, seconds, 1 if the WAL restarted)`` of the last restart holds that long
+        self.slow_restart_holds: collections.deque[tuple[float, float, int]] = collections.deque(
+            maxlen=NOTABLE_KEPT
+        )
 
         # Shared between the loop and the writer, guarded by _cond.
         self._cond = threading.Condition(threading.Lock())
+        #: held by whoever writes: each commit (on the loop it is only tried: a commit
+        #: that cannot have it waits in _pending), and the checkpointer while it makes the
+        #: WAL restart (see :meth:`_restart_wal`)
+        self._commit_lock = threading.Lock()
         self._queue: collections.deque[_Item] = collections.deque()
         self._stopping = False
 
@@ -292,6 +314,14 @@ class SqliteHistoryStore(LedgerStore):
         self.checkpoint_catch_ups = 0
         #: when the running checkpoint began (time.monotonic), None between checkpoints
         self._checkpoint_began: float | None = None
+        #: times the checkpointer held the commits to make the WAL restart, how many of
+        #: those restarted it, and the longest hold (s)
+        self.restart_holds = 0
+        self.wal_restarts = 0
+        self.restart_hold_max_s = 0.0
+        #: the WAL file's size at the checkpointer's last look, and the largest seen
+        self.wal_file_bytes = 0
+        self.wal_file_bytes_max = 0
         #: the loop's look at the checkpointer, every CHECKPOINT_POLL_S
         self._watch: asyncio.TimerHandle | None = None
 
@@ -469,11 +499,21 @@ class SqliteHistoryStore(LedgerStore):
                 assert self._loop is not None
                 self._loop.call_later(wait, self._hand_over)
                 return
+        if self._on_loop and not self._commit_lock.acquire(blocking=False):
+            # the checkpointer holds the commits for a few ms; it calls _after_hold
+            return
         items, self._pending = self._pending, []
         try:
             self._hand_over_items(items)
         finally:
+            if self._on_loop:
+                self._commit_lock.release()
             self._last_handover = time.perf_counter()
+
+    def _after_hold(self) -> None:
+        """On the loop, when the checkpointer let go of the commits: commit what waited."""
+        if self._pending and not self._handover_scheduled:
+            self._hand_over()
 
     def _hand_over_items(self, items: list[_Item]) -> None:
         """Commit ``items`` on the loop (in ``batch_max`` slices) or queue them for the writer."""
@@ -497,8 +537,10 @@ class SqliteHistoryStore(LedgerStore):
         return self._ledger.stats(queue_depth=len(self._queue) + len(self._pending))
 
     def notable(self) -> dict[str, Any]:
-        """The last slow commits and checkpoints (10 ms or more) with their times, and the
-        checkpointer's counts (checkpoints, times it left SCHED_IDLE to catch up), for /stats."""
+        """The last slow commits, checkpoints and restart holds (10 ms or more) with their
+        times, and the checkpointer's counts (checkpoints, times it left SCHED_IDLE to catch
+        up, restart holds and WAL restarts, the longest hold) and the WAL file's size now
+        and at most, for /stats."""
         notable: dict[str, Any] = {
             kind: [
                 {"at": round(at, 3), "took_s": round(took, 6), "size": size}
@@ -507,12 +549,18 @@ class SqliteHistoryStore(LedgerStore):
             for kind, events in (
                 ("slow_commits", list(self.slow_commits)),
                 ("slow_checkpoints", list(self.slow_checkpoints)),
+                ("slow_restart_holds", list(self.slow_restart_holds)),
             )
         }
         notable["checkpointer"] = {
             "checkpoints": self.checkpoints,
             "catch_ups": self.checkpoint_catch_ups,
             "idle": self.checkpointer_idle,
+            "restart_holds": self.restart_holds,
+            "wal_restarts": self.wal_restarts,
+            "restart_hold_max_s": round(self.restart_hold_max_s, 6),
+            "wal_file_bytes": self.wal_file_bytes,
+            "wal_file_bytes_max": self.wal_file_bytes_max,
         }
         return notable
 
@@ -598,11 +646,11 @@ class SqliteHistoryStore(LedgerStore):
             finally:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-            # A restarted WAL is never cut back: the cut is an ftruncate in the commit that
-            # restarts it, on the loop with CHAT_DB_COMMIT=loop, where one took 201 ms
-            # (strace, 2,000 connections), and cutting a WAL grown under load stalled the
-            # first second after every pause (docs/performance.md). The file keeps the
-            # largest size it reached.
+            # This connection never cuts the WAL file back: the cut is an ftruncate in the
+            # commit that restarts it, on the loop with CHAT_DB_COMMIT=loop, where one took
+            # 201 ms (strace, 2,000 connections), and cutting a WAL grown under load stalled
+            # the first second after every pause (docs/performance.md). The checkpointer's
+            # restarts cut it instead (see _restart_wal).
             conn.execute("PRAGMA journal_size_limit = -1")
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         except sqlite3.Error as exc:
@@ -636,7 +684,8 @@ class SqliteHistoryStore(LedgerStore):
                 hook.checkpoint()
             if not batch:
                 continue  # woken for the hook only
-            seqs, room_seqs, error = self._commit(conn, batch)
+            with self._commit_lock:
+                seqs, room_seqs, error = self._commit(conn, batch)
             try:
                 loop.call_soon_threadsafe(self._report, batch, seqs, room_seqs, error)
             except RuntimeError:
@@ -705,7 +754,9 @@ class SqliteHistoryStore(LedgerStore):
     # ---- the checkpointer thread ---------------------------------------------
 
     def _run_checkpointer(self) -> None:
-        """Checkpointer thread: PASSIVE checkpoints whenever the WAL file is big enough.
+        """Checkpointer thread: PASSIVE checkpoints whenever the WAL file is big enough,
+        and a restart of the WAL whenever it holds ``WAL_RESTART_CHECKPOINTS``
+        checkpoints' worth.
 
         Also decides whether the WAL is blocked: what no checkpoint could copy back
         (a reader holds an older snapshot) past ``wal_max_bytes``. Ends on
@@ -717,8 +768,16 @@ class SqliteHistoryStore(LedgerStore):
         self.checkpointer_tid = threading.get_native_id()
         self._set_checkpointer_idle(True)
         try:
-            conn = sqlite3.connect(self._path, timeout=self._busy_timeout_s, isolation_level=None)
+            # Never waits on a lock: PASSIVE does not, and the restart (see _restart_wal)
+            # gives up at once where an outside reader or writer is in the way.
+            conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            # The restart's write (see _restart_wal) cuts a WAL file grown past this back
+            # to it, on this thread; the loop's connection never cuts it.
+            restart_frames = WAL_RESTART_CHECKPOINTS * self._checkpoint_pages
+            limit = WAL_FILE_LIMIT_RESTARTS * restart_frames * page_size
+            conn.execute(f"PRAGMA journal_size_limit = {limit}")
         except sqlite3.Error:
             logger.exception("history store: the checkpointer cannot open %s", self._path)
             return
@@ -729,16 +788,20 @@ class SqliteHistoryStore(LedgerStore):
                     size = wal.stat().st_size
                 except FileNotFoundError:
                     continue
+                self.wal_file_bytes = size
+                self.wal_file_bytes_max = max(self.wal_file_bytes_max, size)
                 if size >= threshold or self._wal_blocked:
-                    self._checkpoint(conn, page_size)
+                    frames = self._checkpoint(conn, page_size)
+                    if frames >= restart_frames:
+                        self._restart_wal(conn, page_size, loop)
             self._checkpoint(conn, page_size)
         finally:
             conn.close()
 
-    def _set_checkpointer_idle(self, idle: bool) -> None:
+    def _set_checkpointer_idle(self, idle: bool) -> bool:
         """Run the checkpointer thread as ``SCHED_IDLE`` (only when its core has nothing
         else to run) or at normal priority; from any thread. Where Linux's policies are
-        missing, it stays normal.
+        missing, it stays normal. Returns whether its policy changed.
 
         At normal priority the checkpointer took its share of the loop's core in the
         middle of a burst: at 170,000 delivered/s it ran 24 ms a second and the loop waited
@@ -751,45 +814,55 @@ class SqliteHistoryStore(LedgerStore):
         """
         tid = self.checkpointer_tid
         if idle and not self._idle_policy:
-            return  # CHAT_DB_CHECKPOINTER=normal
+            return False  # CHAT_DB_CHECKPOINTER=normal
         if idle == self.checkpointer_idle or tid is None or not hasattr(os, "SCHED_IDLE"):
-            return
+            return False
         policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
         try:
             os.sched_setscheduler(tid, policy, os.sched_param(0))
         except OSError as exc:
             logger.warning("history store: cannot set the checkpointer's policy: %s", exc)
-            return
+            return False
         self.checkpointer_idle = idle
-        if not idle:
-            self.checkpoint_catch_ups += 1
+        return True
 
     def _watch_checkpointer(self) -> None:
         """Event loop, every ``CHECKPOINT_POLL_S``: a checkpoint running past
         ``CATCH_UP_AFTER_S`` is starved (its core has no idle time), so it gets normal
         priority until it ends."""
         began = self._checkpoint_began
-        if began is not None and time.monotonic() - began > CATCH_UP_AFTER_S:
-            self._set_checkpointer_idle(False)
+        if (
+            began is not None
+            and time.monotonic() - began > CATCH_UP_AFTER_S
+            and self._set_checkpointer_idle(False)
+        ):
+            self.checkpoint_catch_ups += 1
         assert self._loop is not None
         self._watch = self._loop.call_later(CHECKPOINT_POLL_S, self._watch_checkpointer)
 
-    def _checkpoint(self, conn: sqlite3.Connection, page_size: int) -> None:
-        """One PASSIVE checkpoint; sets or clears the blocked flag from what it left."""
+    def _checkpoint(self, conn: sqlite3.Connection, page_size: int, *, idle: bool = True) -> int:
+        """One PASSIVE checkpoint; sets or clears the blocked flag from what it left.
+
+        Returns the frames the WAL holds since it last restarted when the checkpoint
+        copied all of them back, else 0 (some are held by a reader, or it failed).
+        ``idle``: put the checkpointer back to ``SCHED_IDLE`` afterwards, in case the
+        loop raised it.
+        """
         started = time.perf_counter()
         self._checkpoint_began = time.monotonic()
         try:
             _busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
             logger.warning("history store: checkpoint failed: %s", exc)
-            return
+            return 0
         finally:
             self._checkpoint_began = None
         took = time.perf_counter() - started
         if took >= NOTABLE_LAG_S:
             self.slow_checkpoints.append((time.time() - took, took, copied))
         self.checkpoints += 1
-        self._set_checkpointer_idle(True)  # if the loop had to raise it
+        if idle:
+            self._set_checkpointer_idle(True)
         left_bytes = max(0, wal_frames - copied) * page_size
         blocked = left_bytes > self._wal_max_bytes
         if blocked != self._wal_blocked:
@@ -802,6 +875,59 @@ class SqliteHistoryStore(LedgerStore):
                 )
             else:
                 logger.warning("history store: checkpoint caught up; accepting sends again")
+        return wal_frames if wal_frames == copied else 0
+
+    def _restart_wal(
+        self, conn: sqlite3.Connection, page_size: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Checkpointer: make the WAL start again from its beginning, holding the
+        commits for a few milliseconds.
+
+        SQLite restarts the WAL only when a write begins after a checkpoint copied every
+        frame back. Beside a commit every millisecond a PASSIVE checkpoint never ends
+        with nothing left, so under steady load the WAL never restarted and its file grew
+        by every commit (34 MB/s at 170,000 delivered/s, 2 GB a minute). So, at normal
+        priority: PASSIVE passes without holding anything, each copying what came in
+        during the one before, until one is short (``SHORT_PASS_S``); then, holding
+        ``_commit_lock`` (a commit on the loop that finds it held waits in ``_pending``,
+        the loop itself goes on), a ``RESTART`` checkpoint copies the few frames the last
+        pass let in, and a one-page write (``PRAGMA user_version``, unchanged) restarts
+        the WAL here. That write also syncs the new WAL header, the one fsync a commit
+        had kept (the first commit after a restart wrote and synced it, on the loop), and
+        cuts a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth back to that.
+        An outside reader or writer in the way makes it give up until the next time.
+        """
+        self._set_checkpointer_idle(False)
+        try:
+            for _ in range(RESTART_PASSES_MAX):
+                started = time.perf_counter()
+                if not self._checkpoint(conn, page_size, idle=False):
+                    return  # a reader holds frames back: no restart now
+                if time.perf_counter() - started < SHORT_PASS_S:
+                    break
+            with self._commit_lock:
+                started = time.perf_counter()
+                try:
+                    busy, _frames, _copied = conn.execute(
+                        "PRAGMA wal_checkpoint(RESTART)"
+                    ).fetchone()
+                    if not busy:
+                        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                except sqlite3.Error as exc:
+                    logger.warning("history store: restarting the WAL failed: %s", exc)
+                    busy = 1
+                held = time.perf_counter() - started
+            try:
+                loop.call_soon_threadsafe(self._after_hold)
+            except RuntimeError:
+                return  # the loop is closed
+            self.restart_holds += 1
+            self.wal_restarts += not busy
+            self.restart_hold_max_s = max(self.restart_hold_max_s, held)
+            if held >= NOTABLE_LAG_S:
+                self.slow_restart_holds.append((time.time() - held, held, int(not busy)))
+        finally:
+            self._set_checkpointer_idle(True)
 
     # ---- reads ---------------------------------------------------------------
 
