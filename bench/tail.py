@@ -509,11 +509,19 @@ def main(argv: list[str] | None = None) -> int:
                     "its loop waited for its core"
                     f" {run['window_core_wait_ms_per_s']:.1f} ms a second over the window"
                 )
-            if run["checkpointer"]:
+            checkpointer = run["checkpointer"]
+            if checkpointer:
                 server_notes.append(
-                    f"{run['checkpointer']['checkpoints']} checkpoints since start,"
-                    f" {run['checkpointer']['catch_ups']} of them raised to normal priority"
+                    f"{checkpointer['checkpoints']} checkpoints since start,"
+                    f" {checkpointer['catch_ups']} of them raised to normal priority"
                     " (starved past 0.5 s)"
+                )
+            if "wal_restarts" in checkpointer:
+                server_notes.append(
+                    f"the WAL restarted {checkpointer['wal_restarts']} times in"
+                    f" {checkpointer['restart_holds']} holds of the commits (longest"
+                    f" {1e3 * checkpointer['restart_hold_max_s']:.1f} ms), its file at most"
+                    f" {checkpointer['wal_file_bytes_max'] / 2**20:.1f} MiB"
                 )
             if server_notes:
                 print(f"    server: {'; '.join(server_notes)}")

@@ -160,8 +160,12 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
     assert run["p99_ms"] > 0 and run["errors"] == 0
     # the server's side: its loop's wait for its core, and its checkpointer
     assert run["window_core_wait_ms_per_s"] >= 0
-    assert run["checkpointer"]["checkpoints"] >= 0 and "catch_ups" in run["checkpointer"]
+    checkpointer = run["checkpointer"]
+    assert checkpointer["checkpoints"] >= 0 and "catch_ups" in checkpointer
+    assert checkpointer["restart_holds"] >= checkpointer["wal_restarts"] >= 0
+    assert checkpointer["wal_file_bytes_max"] > 0  # the server wrote and looked at its WAL
     assert "its loop waited for its core" in result.stdout
+    assert "the WAL restarted" in result.stdout and "its file at most" in result.stdout
 
 
 def test_of_capacity_outside_0_to_1_is_refused():
