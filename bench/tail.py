@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,9 @@ TAIL_BOUND_S = 0.01
 SCRAPE_EVERY_S = 0.5
 #: a scrape's entry for the server loop's wait for its core, in s (not a metric: schedstat)
 WAITED = "core_wait_seconds"
+#: a scrape's entry for the time the host took the server's cores from this VM, in s
+#: (not a metric: the steal column of /proc/stat)
+STOLEN = "core_steal_seconds"
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -72,6 +76,18 @@ def core_wait_s(pids: list[int]) -> float | None:
     return total / 1e9
 
 
+def steal_s(cores: set[int]) -> float | None:
+    """How long the hypervisor has run something else on ``cores`` while this VM wanted
+    them (steal time, /proc/stat), in seconds, summed; None where there is none to read."""
+    try:
+        with open("/proc/stat") as f:
+            rows = [line.split() for line in f if line.startswith("cpu")]
+        ticks = sum(int(row[8]) for row in rows if row[0][3:] in {str(c) for c in cores})
+    except (OSError, IndexError, ValueError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def second_figures(
     scrapes: list[tuple[float, dict[str, float]]], start: float, end: float
 ) -> dict[str, float]:
@@ -88,6 +104,8 @@ def second_figures(
         figures["cpu_percent"] = 100 * (after[1][cpu] - before[1][cpu]) / span
     if WAITED in before[1] and WAITED in after[1]:
         figures["core_wait_ms_per_s"] = 1e3 * (after[1][WAITED] - before[1][WAITED]) / span
+    if STOLEN in before[1] and STOLEN in after[1]:
+        figures["core_steal_ms_per_s"] = 1e3 * (after[1][STOLEN] - before[1][STOLEN]) / span
     return figures
 
 
@@ -181,6 +199,17 @@ def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     return {"late_ticks_ms": late, "late_ticks_at": times, "late_tick_causes": causes}
 
 
+def held_commits(tail: dict[str, Any], second_end: float) -> dict[str, list[float]]:
+    """The checkpointer's holds of the commits of 10 ms or more (ms) that overlapped the
+    second ending at ``second_end`` (unix time); empty when none did."""
+    held = [
+        round(e["took_s"] * 1e3, 1)
+        for e in tail.get("slow_restart_holds", [])
+        if e["at"] <= second_end and e["at"] + e["took_s"] >= second_end - 1
+    ]
+    return {"holds_ms": held} if held else {}
+
+
 def start_server(
     args: argparse.Namespace, env: dict[str, str], workdir: Path
 ) -> tuple[ServerProcess, Path, int]:
@@ -259,6 +288,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
 
     assert server.proc is not None
     loops = server.worker_pids() or [server.proc.pid]
+    server_cores = set(parse_core_list(args.server_core) or ())
 
     def scrape_loop() -> None:
         # the harness's own work runs beside the driver, not on the server's core
@@ -269,6 +299,9 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
                 waited = core_wait_s(loops)
                 if waited is not None:
                     samples[WAITED] = waited
+                stolen = steal_s(server_cores)
+                if stolen is not None:
+                    samples[STOLEN] = stolen
                 scrapes.append((time.monotonic(), samples))
             stop.wait(SCRAPE_EVERY_S)
 
@@ -334,9 +367,11 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     # the scrapes bracket the window by up to SCRAPE_EVERY_S each side: a close estimate
     figures["cpu_percent"] = 100 * figures["cpu_s"] / window_s
     figures["cpu_us_per_frame"] = 1e6 * figures["cpu_s"] / window_s / step["delivered_per_s"]
-    waited = second_figures(scrapes, before[0], after[0]).get("core_wait_ms_per_s")
-    if waited is not None:  # the window's CPU is figures["cpu_percent"] already
-        figures["window_core_wait_ms_per_s"] = waited
+    server_side = second_figures(scrapes, before[0], after[0])
+    # the window's CPU is figures["cpu_percent"] already
+    for name in ("core_wait_ms_per_s", "core_steal_ms_per_s"):
+        if name in server_side:
+            figures[f"window_{name}"] = server_side[name]
     return {
         "env": env,
         "rate": env_rate(args, env),
@@ -359,6 +394,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
                 "t_s": round(p["t_s"] - step["started_s"], 1),
                 "max_ms": p["max_ms"],
                 **second_figures(scrapes, t0 + p["t_s"] - 1, t0 + p["t_s"]),
+                **held_commits(stats["tail"], wall_start + p["t_s"] - step["started_s"]),
             }
             for p in step["timeline"]
             if p.get("max_ms") and p["max_ms"] > TAIL_BOUND_S * 1e3 * 2
@@ -380,6 +416,10 @@ def looked(figures: dict[str, Any]) -> str:
         parts.append(f"cpu {figures['cpu_percent']:.0f} %")
     if "core_wait_ms_per_s" in figures:
         parts.append(f"waited {figures['core_wait_ms_per_s']:.1f} ms")
+    if figures.get("core_steal_ms_per_s"):
+        parts.append(f"host stole {figures['core_steal_ms_per_s']:.0f} ms")
+    if figures.get("holds_ms"):
+        parts.append(f"commits held {'/'.join(f'{h:g}' for h in figures['holds_ms'])} ms")
     return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -509,6 +549,11 @@ def main(argv: list[str] | None = None) -> int:
                     "its loop waited for its core"
                     f" {run['window_core_wait_ms_per_s']:.1f} ms a second over the window"
                 )
+            if "window_core_steal_ms_per_s" in run:
+                server_notes.append(
+                    "the host stole its core"
+                    f" {run['window_core_steal_ms_per_s']:.1f} ms a second over the window"
+                )
             checkpointer = run["checkpointer"]
             if checkpointer:
                 server_notes.append(
@@ -532,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
                 for key, counts in run["histograms"].items():
                     cells = ", ".join(f"{b[3:]}: {n}" for b, n in counts.items()) or "none"
                     print(f"    {key} (s, bucket upper bound: count): {cells}")
+                if "restart_hold_buckets" in checkpointer:
+                    cells = ", ".join(
+                        f"{b}: {n}" for b, n in checkpointer["restart_hold_buckets"].items()
+                    )
+                    print(f"    restart holds since start (s, bucket upper bound: count): {cells}")
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
     return 0

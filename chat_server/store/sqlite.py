@@ -314,11 +314,10 @@ class SqliteHistoryStore(LedgerStore):
         self.checkpoint_catch_ups = 0
         #: when the running checkpoint began (time.monotonic), None between checkpoints
         self._checkpoint_began: float | None = None
-        #: times the checkpointer held the commits to make the WAL restart, how many of
-        #: those restarted it, and the longest hold (s)
-        self.restart_holds = 0
+        #: how long each of the checkpointer's holds of the commits lasted (s), and how
+        #: many of those holds restarted the WAL
+        self.restart_hold_seconds = PlainHistogram(COMMIT_BUCKETS_S)
         self.wal_restarts = 0
-        self.restart_hold_max_s = 0.0
         #: the WAL file's size at the checkpointer's last look, and the largest seen
         self.wal_file_bytes = 0
         self.wal_file_bytes_max = 0
@@ -552,13 +551,20 @@ class SqliteHistoryStore(LedgerStore):
                 ("slow_restart_holds", list(self.slow_restart_holds)),
             )
         }
+        holds = self.restart_hold_seconds
         notable["checkpointer"] = {
             "checkpoints": self.checkpoints,
             "catch_ups": self.checkpoint_catch_ups,
             "idle": self.checkpointer_idle,
-            "restart_holds": self.restart_holds,
+            "restart_holds": holds.count,
             "wal_restarts": self.wal_restarts,
-            "restart_hold_max_s": round(self.restart_hold_max_s, 6),
+            "restart_hold_max_s": round(holds.max, 6),
+            # bucket upper bound (s, "inf" last) -> holds that long
+            "restart_hold_buckets": {
+                str(bound): n
+                for bound, n in zip((*holds.bounds, "inf"), holds.counts, strict=True)
+                if n
+            },
             "wal_file_bytes": self.wal_file_bytes,
             "wal_file_bytes_max": self.wal_file_bytes_max,
         }
@@ -897,7 +903,6 @@ class SqliteHistoryStore(LedgerStore):
         cuts a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth back to that.
         An outside reader or writer in the way makes it give up until the next time.
         """
-        self._set_checkpointer_idle(False)
         try:
             for _ in range(RESTART_PASSES_MAX):
                 started = time.perf_counter()
@@ -905,6 +910,8 @@ class SqliteHistoryStore(LedgerStore):
                     return  # a reader holds frames back: no restart now
                 if time.perf_counter() - started < SHORT_PASS_S:
                     break
+            # what follows holds the commits: it must not wait for the loop's idle time
+            self._set_checkpointer_idle(False)
             with self._commit_lock:
                 started = time.perf_counter()
                 try:
@@ -921,9 +928,8 @@ class SqliteHistoryStore(LedgerStore):
                 loop.call_soon_threadsafe(self._after_hold)
             except RuntimeError:
                 return  # the loop is closed
-            self.restart_holds += 1
+            self.restart_hold_seconds.observe(held)
             self.wal_restarts += not busy
-            self.restart_hold_max_s = max(self.restart_hold_max_s, held)
             if held >= NOTABLE_LAG_S:
                 self.slow_restart_holds.append((time.time() - held, held, int(not busy)))
         finally:

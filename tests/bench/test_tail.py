@@ -11,8 +11,11 @@ from typing import Any
 
 from bench.harness import ROOT
 from bench.tail import (
+    STOLEN,
     WAITED,
+    held_commits,
     knee,
+    looked,
     parse_variants,
     second_figures,
     stalls,
@@ -91,19 +94,34 @@ def test_the_windows_figures_are_differences_between_the_two_scrapes():
 
 
 def test_a_seconds_figures_come_from_the_scrapes_around_it():
-    cpu, waited = "process_cpu_seconds_total{}", WAITED
+    cpu, waited, stolen = "process_cpu_seconds_total{}", WAITED, STOLEN
     scrapes = [
-        (10.0, {cpu: 1.0, waited: 0.100}),
-        (10.5, {cpu: 1.4, waited: 0.105}),
-        (11.0, {cpu: 1.8, waited: 0.110}),
-        (11.5, {cpu: 2.2, waited: 0.140}),
+        (10.0, {cpu: 1.0, waited: 0.100, stolen: 5.00}),
+        (10.5, {cpu: 1.4, waited: 0.105, stolen: 5.00}),
+        (11.0, {cpu: 1.8, waited: 0.110, stolen: 5.01}),
+        (11.5, {cpu: 2.2, waited: 0.140, stolen: 5.03}),
     ]
-    # the second [10.5, 11.5]: 0.8 s of CPU and 35 ms of waiting over 1 s
+    # the second [10.5, 11.5]: 0.8 s of CPU, 35 ms of waiting and 30 ms stolen over 1 s
     figures = second_figures(scrapes, 10.5, 11.5)
     assert round(figures["cpu_percent"], 6) == 80.0
     assert round(figures["core_wait_ms_per_s"], 6) == 35.0
+    assert round(figures["core_steal_ms_per_s"], 6) == 30.0
+    assert looked(figures) == " (cpu 80 %, waited 35.0 ms, host stole 30 ms)"
     # a second no scrape follows says nothing
     assert second_figures(scrapes, 11.2, 12.2) == {}
+
+
+def test_a_seconds_held_commits_are_the_holds_that_overlapped_it():
+    tail = {
+        "slow_restart_holds": [
+            {"at": 99.995, "took_s": 0.012, "size": 1},  # began before, ended inside
+            {"at": 100.5, "took_s": 0.020, "size": 1},
+            {"at": 101.2, "took_s": 0.015, "size": 0},  # after the second
+        ]
+    }
+    assert held_commits(tail, second_end=101.0) == {"holds_ms": [12.0, 20.0]}
+    assert held_commits(tail, second_end=103.0) == {}
+    assert held_commits({}, second_end=101.0) == {}
 
 
 def _step(rate: float, p99: float, superseded: bool = False) -> dict[str, Any]:
@@ -160,11 +178,13 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
     assert run["p99_ms"] > 0 and run["errors"] == 0
     # the server's side: its loop's wait for its core, and its checkpointer
     assert run["window_core_wait_ms_per_s"] >= 0
+    assert run["window_core_steal_ms_per_s"] >= 0  # /proc/stat's steal column, 0 on metal
     checkpointer = run["checkpointer"]
     assert checkpointer["checkpoints"] >= 0 and "catch_ups" in checkpointer
     assert checkpointer["restart_holds"] >= checkpointer["wal_restarts"] >= 0
     assert checkpointer["wal_file_bytes_max"] > 0  # the server wrote and looked at its WAL
     assert "its loop waited for its core" in result.stdout
+    assert "the host stole its core" in result.stdout
     assert "the WAL restarted" in result.stdout and "its file at most" in result.stdout
 
 
