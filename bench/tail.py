@@ -9,7 +9,10 @@ connection ramp before and the idle time after: GC pauses per generation (how ma
 how many over 10 ms), the event loop's lateness, commits, ``unavailable`` errors. It
 prints one line per run (fan-out p99 and max from the driver, the server's figures
 for the window; ``--histograms`` adds the window's GC pause, commit and loop-lag
-histograms) and ``--json`` writes them. Runs ``--repeat`` times, alternating the
+histograms) and ``--json`` writes them. For every second with a delivery over 20 ms
+it adds the server's CPU, how long its loop waited for its core (schedstat), how long
+the host took that core from this VM (steal, ``/proc/stat``) and the history store's
+holds of the commits of 10 ms or more that overlapped it. Runs ``--repeat`` times, alternating the
 ``--env`` variants if several are given (``--env GC_POLICY=default --env
 GC_POLICY=tuned``: each value of a name is one variant).
 

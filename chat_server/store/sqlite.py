@@ -892,16 +892,16 @@ class SqliteHistoryStore(LedgerStore):
         SQLite restarts the WAL only when a write begins after a checkpoint copied every
         frame back. Beside a commit every millisecond a PASSIVE checkpoint never ends
         with nothing left, so under steady load the WAL never restarted and its file grew
-        by every commit (34 MB/s at 170,000 delivered/s, 2 GB a minute). So, at normal
-        priority: PASSIVE passes without holding anything, each copying what came in
-        during the one before, until one is short (``SHORT_PASS_S``); then, holding
-        ``_commit_lock`` (a commit on the loop that finds it held waits in ``_pending``,
-        the loop itself goes on), a ``RESTART`` checkpoint copies the few frames the last
-        pass let in, and a one-page write (``PRAGMA user_version``, unchanged) restarts
-        the WAL here. That write also syncs the new WAL header, the one fsync a commit
-        had kept (the first commit after a restart wrote and synced it, on the loop), and
-        cuts a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth back to that.
-        An outside reader or writer in the way makes it give up until the next time.
+        by every commit (34 MB/s at 170,000 delivered/s, 2 GB a minute). So: PASSIVE
+        passes without holding anything (still in the loop's idle time), each copying
+        what came in during the one before, until one is short (``SHORT_PASS_S``); then,
+        at normal priority and holding ``_commit_lock`` (a commit on the loop that finds
+        it held waits in ``_pending``, the loop itself goes on), a ``RESTART`` checkpoint
+        copies the few frames the last pass let in, and a one-page write (``PRAGMA
+        user_version``, unchanged) restarts the WAL here. That write also syncs the new
+        WAL header (otherwise the loop's first commit after the restart would), and cuts
+        a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth back to that. An
+        outside reader or writer in the way makes it give up until the next time.
         """
         try:
             for _ in range(RESTART_PASSES_MAX):

@@ -476,7 +476,7 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
 ) -> None:
     # a commit every few ms for 3 s, as under load: a PASSIVE checkpoint beside them
     # never ends with nothing left, so only the checkpointer's restart lets the WAL
-    # start again (without it: no restart, and the file grows to ~20 MB here)
+    # start again (without it: no restart, and the file grew to 35-41 MB here)
     store, recorder = await open_store(checkpoint_pages=4)
     wal = db_path.with_name(db_path.name + "-wal")
     rooms = [f"room-{k}" for k in range(50)]
