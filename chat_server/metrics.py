@@ -103,6 +103,15 @@ STORE_QUEUE_DEPTH = (
     "chat_store_queue_depth",
     "messages accepted and waiting for their group commit",
 )
+# the SQLite history store's (one process: WORKERS > 1 keeps history in Redis)
+WAL_FILE_BYTES = (
+    "chat_wal_file_bytes",
+    "the SQLite history store's WAL file size, as its checkpointer last saw it (every 0.25 s)",
+)
+WAL_RESTARTS = (
+    "chat_wal_restarts",
+    "times the SQLite history store's checkpointer restarted the WAL (holding the commits)",
+)
 # prometheus_client's ProcessCollector families (one process); workers publish the same
 PROCESS_CPU = ("process_cpu_seconds", "Total user and system CPU time spent in seconds.")
 PROCESS_GAUGES = (
@@ -217,6 +226,9 @@ class ChatCollector:
         yield longest
         yield GaugeMetricFamily(*LOOP_LAG_MAX, value=counters.loop_lag.lag.max)
         yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
+        if store.get("wal_file_bytes") is not None:
+            yield GaugeMetricFamily(*WAL_FILE_BYTES, value=store["wal_file_bytes"])
+            yield CounterMetricFamily(*WAL_RESTARTS, value=store["wal_restarts"])
 
 
 #: every error code the contract defines: each is exposed from start, at 0 until it happens

@@ -43,6 +43,9 @@ class StoreStats:
 
     ``batch_sizes`` maps a power of two ``k`` to the number of batches whose size
     was in ``[k, 2k)``; ``queue_depth`` counts submissions not yet taken into a batch.
+    ``wal_file_bytes`` (the WAL file's size at the checkpointer's last look) and
+    ``wal_restarts`` (the checkpointer's restarts of the WAL) are the SQLite store's,
+    None for a store without a WAL.
     """
 
     batches_committed: int
@@ -53,6 +56,8 @@ class StoreStats:
     last_batch_size: int
     queue_depth: int
     batch_sizes: dict[int, int]
+    wal_file_bytes: int | None = None
+    wal_restarts: int | None = None
 
 
 class BatchLedger:

@@ -69,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -532,8 +533,13 @@ class SqliteHistoryStore(LedgerStore):
             self._cond.notify()
 
     def stats(self) -> StoreStats:
-        """A snapshot of the batches so far; the queue counts what waits for its commit."""
-        return self._ledger.stats(queue_depth=len(self._queue) + len(self._pending))
+        """A snapshot of the batches so far (the queue counts what waits for its commit),
+        with the WAL file's size and restarts."""
+        return dataclasses.replace(
+            self._ledger.stats(queue_depth=len(self._queue) + len(self._pending)),
+            wal_file_bytes=self.wal_file_bytes,
+            wal_restarts=self.wal_restarts,
+        )
 
     def notable(self) -> dict[str, Any]:
         """The last slow commits, checkpoints and restart holds (10 ms or more) with their
