@@ -676,8 +676,17 @@ def _limit(analysis: Analysis) -> list[Block]:
             table,
         )
     )
+    fast_steps = [by_config for key, by_config in rows.items() if key.driver == "fast"]
     if not relays:
         blocks.append(Para("No relay configuration in this matrix: no fraction of the relay."))
+    elif not any(relay in by_config for by_config in fast_steps for relay in relays):
+        # a climb's steps are not rows: "did not hold at any rate" would be untrue
+        blocks.append(
+            Para(
+                "The relays ran only climbs here, no fixed-rate step: their knees, and each"
+                " configuration's against them, are in the capacity ladder."
+            )
+        )
     elif relay_best is None:
         blocks.append(Para("The relay did not hold the SLO at any rate tried."))
     else:

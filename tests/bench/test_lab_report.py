@@ -315,6 +315,19 @@ def test_limit_section_compares_with_the_relay_and_the_driver_ceiling(
     assert "150,000" in ceilings
 
 
+def test_limit_section_sends_to_the_ladder_when_the_relays_only_climbed(tmp_path: Path):
+    # the demo's relays run climbs only: the limit table has no step of theirs
+    results = _results()
+    results.runs = [
+        replace(r, steps=[s for s in r.steps if s.driver != "fast"]) if r.target == "relay" else r
+        for r in results.runs
+    ]
+    md = write_report(results, tmp_path)[0].read_text()
+    limit = md.split("## Limit", 1)[1].split("\n## ", 1)[0]
+    assert "The relays ran only climbs here" in limit
+    assert "did not hold the SLO" not in limit
+
+
 def test_header_capacity_and_metrics(report: tuple[Path, str, str]):
     _, md, _ = report
     assert md.startswith("# Lab report: serializers\n")
