@@ -82,10 +82,11 @@ def core_wait_s(pids: list[int]) -> float | None:
 def steal_s(cores: set[int]) -> float | None:
     """How long the hypervisor has run something else on ``cores`` while this VM wanted
     them (steal time, /proc/stat), in seconds, summed; None where there is none to read."""
+    names = {f"cpu{core}" for core in cores}
     try:
         with open("/proc/stat") as f:
             rows = [line.split() for line in f if line.startswith("cpu")]
-        ticks = sum(int(row[8]) for row in rows if row[0][3:] in {str(c) for c in cores})
+        ticks = sum(int(row[8]) for row in rows if row[0] in names)
     except (OSError, IndexError, ValueError):
         return None
     return ticks / os.sysconf("SC_CLK_TCK")

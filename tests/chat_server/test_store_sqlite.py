@@ -510,6 +510,37 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
         assert stored_seqs(db_path, room) == [m.seq for m in messages]
 
 
+async def test_a_wal_file_grown_behind_a_reader_is_cut_back_when_it_restarts(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    # checkpoint_pages=4: restarts at 16 frames, and the restart cuts a file past 4
+    # restarts' worth (64 pages, 256 KiB) back to that
+    store, _ = await open_store(checkpoint_pages=4)
+    wal = db_path.with_name(db_path.name + "-wal")
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    store.submit(make_message(), None)
+    await store.flush()
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM messages").fetchone()  # no checkpoint finishes
+    for _ in range(20):
+        for _ in range(50):
+            store.submit(make_message(body="g" * 3000), None)
+        await store.flush()
+    grown = wal.stat().st_size
+    assert grown > 2 << 20
+    reader.execute("COMMIT")
+    reader.close()
+    restarts = store.wal_restarts
+    # one more send a poll, until the checkpointer has restarted the WAL
+    async with asyncio.timeout(30):
+        while store.wal_restarts == restarts:
+            store.submit(make_message(body="after"), None)
+            await store.flush()
+            await asyncio.sleep(0.05)
+    assert wal.stat().st_size <= 256 << 10
+    assert (await store.history("lobby", None, 1))[0].body == "after"
+
+
 async def test_a_reader_blocking_checkpoints_bounds_the_wal_with_unavailable(
     open_store: StoreFactory, db_path: Path
 ) -> None:
