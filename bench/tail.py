@@ -14,7 +14,10 @@ it adds the server's CPU, how long its loop waited for its core (schedstat), how
 the host took that core from this VM (steal, ``/proc/stat``) and the history store's
 holds of the commits of 10 ms or more that overlapped it. Runs ``--repeat`` times, alternating the
 ``--env`` variants if several are given (``--env GC_POLICY=default --env
-GC_POLICY=tuned``: each value of a name is one variant).
+GC_POLICY=tuned``: each value of a name is one variant), and ends with a summary per
+variant: medians and ranges, and in how many runs the max stayed under ``--bound-ms``
+(50) with no GC pause over 10 ms and no ``unavailable``; a run whose driver was the
+limit too (generator-limited) is named with why, and not counted.
 
 ``--of-capacity 0.7`` first measures each variant's capacity on a fresh server (the
 fast driver climbs by 1.25 times a step from ``--capacity-start-rate`` with
@@ -388,6 +391,8 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         "max_ms": step["latency_ms"]["max"],
         "errors": step["errors"],
         "generator_limited": step["generator_limited"],
+        # why the driver's figures measure the driver too (bench.lab.driver's tests)
+        "generator_notes": step.get("generator_notes", []),
         "window_start_monotonic": round(start, 4),
         "generator_cpu_percent": step["generator_cpu_percent"],
         "max_send_lag_ms": step["max_send_lag_ms"],
@@ -410,6 +415,80 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             for key, (family, labels) in WINDOW_HISTOGRAMS.items()
         },
     }
+
+
+def variant_name(env: dict[str, str]) -> str:
+    """``GC_POLICY=tuned``: a variant as its settings, or ``defaults``."""
+    return " ".join(f"{n.upper()}={v}" for n, v in env.items()) or "defaults"
+
+
+def _median_range(values: list[float], fmt: str) -> str:
+    """``12.3 (10.1-15.0)``: the median of ``values`` and their range (one value alone)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    if n == 1:
+        return format(median, fmt)
+    return f"{median:{fmt}} ({ordered[0]:{fmt}}-{ordered[-1]:{fmt}})"
+
+
+def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
+    """The end of a session, one paragraph per variant: the medians and ranges of its
+    runs, and whether the tail bound held in each.
+
+    A run "holds" when its fan-out max is under ``bound_ms``, its server paused for no
+    GC over 10 ms and sent no ``unavailable``. A run whose driver was marked
+    generator-limited measured the driver too: it is named, with why, and not counted
+    either way.
+    """
+    lines: list[str] = []
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_name.setdefault(variant_name(run["env"]), []).append(run)
+    for name, group in by_name.items():
+        rates = "/".join(f"{r:g}" for r in sorted({run["rate"] for run in group}))
+        lines.append(
+            f"{name}: {len(group)} run(s) at {rates} sends/s: p99"
+            f" {_median_range([r['p99_ms'] for r in group], '.1f')} ms, max"
+            f" {_median_range([r['max_ms'] for r in group], '.1f')} ms, server"
+            f" {_median_range([r['cpu_us_per_frame'] for r in group], '.2f')} µs of CPU per"
+            " delivered frame (medians, range in brackets)"
+        )
+        counted = [r for r in group if not r["generator_limited"]]
+        held = []
+        failed = []
+        for run in counted:
+            why = []
+            if run["max_ms"] >= bound_ms:
+                why.append(f"max {run['max_ms']:.1f} ms")
+            gc_over = sum(run.get(f"gc{g}_over_10ms", 0) for g in "012")
+            if gc_over:
+                why.append(f"{gc_over:.0f} GC pause(s) over 10 ms")
+            if run.get("unavailable"):
+                why.append(f"{run['unavailable']:.0f} unavailable")
+            (failed if why else held).append((run, why))
+        verdict = (
+            f"    max under {bound_ms:g} ms, no GC pause over 10 ms and no unavailable:"
+            f" held in {len(held)} of the {len(counted)} run(s) the driver kept pace with"
+        )
+        if failed:
+            verdict += "; not in " + ", ".join(
+                f"run {run['repeat']} ({', '.join(why)}{_stolen(run)})" for run, why in failed
+            )
+        lines.append(verdict)
+        for run in group:
+            if run["generator_limited"]:
+                notes = "; ".join(run.get("generator_notes") or []) or "generator-limited"
+                lines.append(
+                    f"    run {run['repeat']} not counted: the driver was the limit too"
+                    f" ({notes}){_stolen(run)}; its max was {run['max_ms']:.1f} ms"
+                )
+    return lines
+
+
+def _stolen(run: dict[str, Any]) -> str:
+    steal = run.get("window_core_steal_ms_per_s")
+    return "" if steal is None else f", the host stole {steal:.0f} ms/s of the server's core"
 
 
 def looked(figures: dict[str, Any]) -> str:
@@ -483,6 +562,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--capacity-max-rate", type=float, default=40000, help="the climb's top rate [40000]"
     )
+    parser.add_argument(
+        "--bound-ms",
+        type=float,
+        default=50,
+        help="the summary says in how many runs the fan-out max stayed under this [50]",
+    )
     parser.add_argument("--json", type=Path, help="also write the runs here")
     args = parser.parse_args(argv)
     if args.of_capacity is not None and not 0 < args.of_capacity <= 1:
@@ -499,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.of_capacity is not None:
         for env in variants:
-            name = " ".join(f"{n.upper()}={v}" for n, v in env.items()) or "defaults"
+            name = variant_name(env)
             print(f"climbing {name} ({args.capacity_step_s:g}-s steps)...", file=sys.stderr)
             with tempfile.TemporaryDirectory(prefix="chatlab-tail-climb-") as tmp:
                 capacity, bracketed = measure_capacity(args, env, Path(tmp))
@@ -526,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = one_run(args, env, Path(tmp))
             run["repeat"] = k + 1
             runs.append(run)
-            name = " ".join(f"{n.upper()}={v}" for n, v in env.items()) or "defaults"
+            name = variant_name(env)
             pauses = "/".join(f"{run[f'gc{g}_pauses']:.0f}" for g in "012")
             over = sum(run[f"gc{g}_over_10ms"] for g in "012")
             print(
@@ -586,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{b}: {n}" for b, n in checkpointer["restart_hold_buckets"].items()
                     )
                     print(f"    restart holds since start (s, bucket upper bound: count): {cells}")
+    print()
+    for line in summary(runs, args.bound_ms):
+        print(line)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2))
     return 0

@@ -19,6 +19,7 @@ from bench.tail import (
     parse_variants,
     second_figures,
     stalls,
+    summary,
     window_figures,
     window_histogram,
 )
@@ -186,9 +187,65 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
     assert "its loop waited for its core" in result.stdout
     assert "the host stole its core" in result.stdout
     assert "the WAL restarted" in result.stdout and "its file at most" in result.stdout
+    # the summary at the end: the variant's medians and its verdict on the bound
+    assert f"defaults: 1 run(s) at {run['rate']:g} sends/s: p99" in result.stdout
+    assert "max under 50 ms, no GC pause over 10 ms and no unavailable: held in" in result.stdout
+    assert isinstance(run["generator_notes"], list)
 
 
 def test_of_capacity_outside_0_to_1_is_refused():
     result = run_tail("--of-capacity", "1.5")
     assert result.returncode == 2
     assert "--of-capacity must be in (0, 1]" in result.stderr
+
+
+def _run(repeat: int, max_ms: float, **more: Any) -> dict[str, Any]:
+    return {
+        "env": {"gc_policy": "tuned"},
+        "rate": 6620.0,
+        "repeat": repeat,
+        "p99_ms": 10.0 * repeat,
+        "max_ms": max_ms,
+        "cpu_us_per_frame": 13.0 + repeat / 10,
+        "generator_limited": False,
+        "gc0_over_10ms": 0.0,
+        "gc1_over_10ms": 0.0,
+        "gc2_over_10ms": 0.0,
+        "unavailable": 0.0,
+        "window_core_steal_ms_per_s": 20.0,
+        **more,
+    }
+
+
+def test_the_summary_counts_runs_under_the_bound_and_leaves_out_generator_limited_ones():
+    runs = [
+        _run(1, 41.7),
+        _run(2, 55.0, window_core_steal_ms_per_s=35.4),
+        _run(3, 30.0, gc2_over_10ms=1.0),
+        _run(4, 76.2, generator_limited=True, generator_notes=["max send lag 62.0 ms > 50 ms"]),
+        _run(5, 12.0, unavailable=2.0),
+    ]
+    lines = summary(runs, bound_ms=50)
+    assert lines[0] == (
+        "GC_POLICY=tuned: 5 run(s) at 6620 sends/s: p99 30.0 (10.0-50.0) ms, max 41.7"
+        " (12.0-76.2) ms, server 13.30 (13.10-13.50) µs of CPU per delivered frame"
+        " (medians, range in brackets)"
+    )
+    assert lines[1] == (
+        "    max under 50 ms, no GC pause over 10 ms and no unavailable: held in 1 of the 4"
+        " run(s) the driver kept pace with; not in run 2 (max 55.0 ms, the host stole 35 ms/s"
+        " of the server's core), run 3 (1 GC pause(s) over 10 ms, the host stole 20 ms/s of"
+        " the server's core), run 5 (2 unavailable, the host stole 20 ms/s of the server's"
+        " core)"
+    )
+    assert lines[2] == (
+        "    run 4 not counted: the driver was the limit too (max send lag 62.0 ms > 50 ms),"
+        " the host stole 20 ms/s of the server's core; its max was 76.2 ms"
+    )
+    assert len(lines) == 3
+    # every run under the bound, two variants: one paragraph each
+    other = [{**_run(1, 20.0), "env": {}}, _run(1, 49.9)]
+    lines = summary(other, bound_ms=50)
+    assert lines[0].startswith("defaults: 1 run(s) at 6620 sends/s: p99 10.0 ms, max 20.0 ms")
+    assert lines[1].endswith("held in 1 of the 1 run(s) the driver kept pace with")
+    assert lines[3].endswith("held in 1 of the 1 run(s) the driver kept pace with")
