@@ -52,6 +52,8 @@ from chat_server.settings import parse_core_list
 #: a pause or lateness above this (s) is a tail event
 TAIL_BOUND_S = 0.01
 SCRAPE_EVERY_S = 0.5
+#: host steal (ms in a second) the summary names as a likely cause of a slow second
+STEAL_NOTABLE_MS = 30.0
 #: a scrape's entry for the server loop's wait for its core, in s (not a metric: schedstat)
 WAITED = "core_wait_seconds"
 #: a scrape's entry for the time the host took the server's cores from this VM, in s
@@ -476,6 +478,17 @@ def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
                 f"run {run['repeat']} ({', '.join(why)}{_stolen(run)})" for run, why in failed
             )
         lines.append(verdict)
+        over = [p for run in group for p in run.get("slow_seconds", []) if p["max_ms"] >= bound_ms]
+        if over:
+            stolen = [p for p in over if p.get("core_steal_ms_per_s", 0) >= STEAL_NOTABLE_MS]
+            held = [p for p in over if p.get("holds_ms")]
+            neither = [p for p in over if p not in stolen and p not in held]
+            lines.append(
+                f"    seconds with a delivery of {bound_ms:g} ms or more: {len(over)} in"
+                f" {len(group)} run(s); the host stole {STEAL_NOTABLE_MS:g} ms or more of"
+                f" the server's core in {len(stolen)}, the commits were held 10 ms or more"
+                f" in {len(held)}, neither in {len(neither)}"
+            )
         for run in group:
             if run["generator_limited"]:
                 notes = "; ".join(run.get("generator_notes") or []) or "generator-limited"

@@ -220,7 +220,18 @@ def _run(repeat: int, max_ms: float, **more: Any) -> dict[str, Any]:
 def test_the_summary_counts_runs_under_the_bound_and_leaves_out_generator_limited_ones():
     runs = [
         _run(1, 41.7),
-        _run(2, 55.0, window_core_steal_ms_per_s=35.4),
+        _run(
+            2,
+            55.0,
+            window_core_steal_ms_per_s=35.4,
+            slow_seconds=[
+                {"t_s": 3.0, "max_ms": 55.0, "core_steal_ms_per_s": 94.0},
+                {"t_s": 9.0, "max_ms": 51.0, "core_steal_ms_per_s": 6.0, "holds_ms": [15.8]},
+                {"t_s": 20.0, "max_ms": 50.5, "core_steal_ms_per_s": 31.0, "holds_ms": [11.0]},
+                {"t_s": 30.0, "max_ms": 52.0, "core_steal_ms_per_s": 12.0},
+                {"t_s": 40.0, "max_ms": 45.0, "core_steal_ms_per_s": 80.0},  # under the bound
+            ],
+        ),
         _run(3, 30.0, gc2_over_10ms=1.0),
         _run(4, 76.2, generator_limited=True, generator_notes=["max send lag 62.0 ms > 50 ms"]),
         _run(5, 12.0, unavailable=2.0),
@@ -239,10 +250,15 @@ def test_the_summary_counts_runs_under_the_bound_and_leaves_out_generator_limite
         " core)"
     )
     assert lines[2] == (
+        "    seconds with a delivery of 50 ms or more: 4 in 5 run(s); the host stole 30 ms or"
+        " more of the server's core in 2, the commits were held 10 ms or more in 2, neither"
+        " in 1"
+    )
+    assert lines[3] == (
         "    run 4 not counted: the driver was the limit too (max send lag 62.0 ms > 50 ms),"
         " the host stole 20 ms/s of the server's core; its max was 76.2 ms"
     )
-    assert len(lines) == 3
+    assert len(lines) == 4
     # every run under the bound, two variants: one paragraph each
     other = [{**_run(1, 20.0), "env": {}}, _run(1, 49.9)]
     lines = summary(other, bound_ms=50)
