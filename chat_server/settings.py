@@ -328,7 +328,7 @@ SPECS: tuple[Spec, ...] = (
         "1000",
         integer(1),
         "WAL pages that start a PASSIVE checkpoint, run on its own thread and connection"
-        " (its priority: CHAT_DB_CHECKPOINTER); at 4 times that the checkpointer holds the"
+        " (its priority: CHAT_DB_CHECKPOINTER); at 16 times that the checkpointer holds the"
         " commits for a few ms and restarts the WAL, so its file stays bounded under load",
     ),
     Spec(

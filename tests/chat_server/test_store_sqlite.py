@@ -476,8 +476,9 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
 ) -> None:
     # a commit every few ms for 3 s, as under load: a PASSIVE checkpoint beside them
     # never ends with nothing left, so only the checkpointer's restart lets the WAL
-    # start again (without it: no restart, and the file grew to 35-41 MB here)
-    store, recorder = await open_store(checkpoint_pages=4)
+    # start again (without it: no restart, and the file grew to 35-41 MB here);
+    # checkpoint_pages=1: restarts at 16 frames
+    store, recorder = await open_store(checkpoint_pages=1)
     wal = db_path.with_name(db_path.name + "-wal")
     rooms = [f"room-{k}" for k in range(50)]
     sent: dict[str, list[Message]] = {room: [] for room in rooms}
@@ -496,7 +497,7 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
 
     assert store.wal_restarts >= 2
     assert store.restart_hold_seconds.count >= store.wal_restarts
-    # 4 checkpoints' worth restarts it, a file past 4 restarts' worth is cut back: what
+    # 16 checkpoints' worth restarts it, a file past 4 restarts' worth is cut back: what
     # comes in during one 0.25-s poll is all that can lie on top of that
     assert biggest < 8 << 20
     notable = store.notable()["checkpointer"]
@@ -513,9 +514,9 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
 async def test_a_wal_file_grown_behind_a_reader_is_cut_back_when_it_restarts(
     open_store: StoreFactory, db_path: Path
 ) -> None:
-    # checkpoint_pages=4: restarts at 16 frames, and the restart cuts a file past 4
+    # checkpoint_pages=1: restarts at 16 frames, and the restart cuts a file past 4
     # restarts' worth (64 pages, 256 KiB) back to that
-    store, _ = await open_store(checkpoint_pages=4)
+    store, _ = await open_store(checkpoint_pages=1)
     wal = db_path.with_name(db_path.name + "-wal")
     reader = sqlite3.connect(db_path, isolation_level=None)
     store.submit(make_message(), None)
