@@ -112,6 +112,10 @@ WAL_RESTARTS = (
     "chat_wal_restarts",
     "times the SQLite history store's checkpointer restarted the WAL (holding the commits)",
 )
+WAL_RESTART_HOLD = (
+    "chat_wal_restart_hold_seconds",
+    "how long the SQLite history store's checkpointer held the commits to restart the WAL",
+)
 # prometheus_client's ProcessCollector families (one process); workers publish the same
 PROCESS_CPU = ("process_cpu_seconds", "Total user and system CPU time spent in seconds.")
 PROCESS_GAUGES = (
@@ -229,6 +233,12 @@ class ChatCollector:
         if store.get("wal_file_bytes") is not None:
             yield GaugeMetricFamily(*WAL_FILE_BYTES, value=store["wal_file_bytes"])
             yield CounterMetricFamily(*WAL_RESTARTS, value=store["wal_restarts"])
+            yield _histogram(
+                *WAL_RESTART_HOLD,
+                COMMIT_BUCKETS_S,
+                store["restart_hold_counts"],
+                store["restart_hold_sum_s"],
+            )
 
 
 #: every error code the contract defines: each is exposed from start, at 0 until it happens

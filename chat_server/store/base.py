@@ -43,8 +43,10 @@ class StoreStats:
 
     ``batch_sizes`` maps a power of two ``k`` to the number of batches whose size
     was in ``[k, 2k)``; ``queue_depth`` counts submissions not yet taken into a batch.
-    ``wal_file_bytes`` (the WAL file's size at the checkpointer's last look) and
-    ``wal_restarts`` (the checkpointer's restarts of the WAL) are the SQLite store's,
+    ``wal_file_bytes`` (the WAL file's size at the checkpointer's last look),
+    ``wal_restarts`` (the checkpointer's restarts of the WAL) and the histogram of the
+    commits' holds for them (``restart_hold_counts`` per bucket of ``COMMIT_BUCKETS_S``,
+    the last above every bound, and ``restart_hold_sum_s``) are the SQLite store's,
     None for a store without a WAL.
     """
 
@@ -58,6 +60,8 @@ class StoreStats:
     batch_sizes: dict[int, int]
     wal_file_bytes: int | None = None
     wal_restarts: int | None = None
+    restart_hold_counts: list[int] | None = None
+    restart_hold_sum_s: float | None = None
 
 
 class BatchLedger:

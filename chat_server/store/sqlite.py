@@ -538,11 +538,14 @@ class SqliteHistoryStore(LedgerStore):
 
     def stats(self) -> StoreStats:
         """A snapshot of the batches so far (the queue counts what waits for its commit),
-        with the WAL file's size and restarts."""
+        with the WAL file's size, its restarts and the commits' holds for them."""
+        holds = self.restart_hold_seconds
         return dataclasses.replace(
             self._ledger.stats(queue_depth=len(self._queue) + len(self._pending)),
             wal_file_bytes=self.wal_file_bytes,
             wal_restarts=self.wal_restarts,
+            restart_hold_counts=list(holds.counts),
+            restart_hold_sum_s=holds.sum,
         )
 
     def notable(self) -> dict[str, Any]:

@@ -168,7 +168,7 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
     result = run_tail(
         *("--of-capacity", "0.7", "--connections", "100", "--duration-s", "2", "--repeat", "1"),
         *("--capacity-step-s", "1", "--capacity-start-rate", "500", "--capacity-max-rate", "1500"),
-        *("--json", str(out)),
+        *("--json", str(out), "--histograms"),
     )
     assert result.returncode == 0, result.stderr
     [line] = [x for x in result.stderr.splitlines() if x.startswith("capacity of defaults:")]
@@ -191,6 +191,9 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
     assert f"defaults: 1 run(s) at {run['rate']:g} sends/s: p99" in result.stdout
     assert "max under 50 ms, no GC pause over 10 ms and no unavailable: held in" in result.stdout
     assert isinstance(run["generator_notes"], list)
+    # --histograms: the window's, restart holds (from /metrics) among them
+    assert set(run["histograms"]) == {"gc_pause", "commit", "loop_lag", "restart_hold"}
+    assert "    restart_hold (s, bucket upper bound: count): " in result.stdout
 
 
 def test_of_capacity_outside_0_to_1_is_refused():

@@ -119,6 +119,39 @@ async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, ke
     await alice.close()
 
 
+async def test_the_commits_holds_for_wal_restarts_show_in_metrics(start_server, keys: KeyPair):
+    metrics_port = free_port()
+    # CHAT_DB_CHECKPOINT_PAGES=1: the checkpointer restarts the WAL every 16 frames
+    server = start_server(
+        metrics_port=metrics_port,
+        chat_db_checkpoint_pages=1,
+        rate_limit_per_s=100000,
+        rate_limit_burst=100000,
+    )
+    alice = await Client.connect(server, keys.mint("alice"))
+    await alice.expect(Welcome)
+    await alice.join("wal")
+    # rounds of sends until the checkpointer has held the commits to restart the WAL
+    # (it looks every 0.25 s)
+    for round_ in range(60):
+        for i in range(20):
+            await alice.send(Send(room="wal", body=f"r{round_} m{i} " + "w" * 500))
+        for _ in range(20):
+            await alice.expect(Ack, skip=(Message,))
+        await asyncio.sleep(0.1)
+        samples = _scrape(metrics_port)
+        if samples["chat_wal_restarts_total"] >= 1:
+            break
+    restarts = samples["chat_wal_restarts_total"]
+    assert restarts >= 1
+    holds = samples["chat_wal_restart_hold_seconds_count"]
+    assert holds >= restarts  # a hold that found a reader in the way restarted nothing
+    assert samples["chat_wal_restart_hold_seconds_bucket{le=+Inf}"] == holds
+    assert samples["chat_wal_restart_hold_seconds_sum"] > 0
+    assert server.stats()["tail"]["checkpointer"]["restart_holds"] >= holds
+    await alice.close()
+
+
 # ---- WORKERS > 1: the supervisor serves the sum of what the workers publish ----------------
 
 COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
@@ -297,7 +330,7 @@ async def test_two_workers_serve_the_families_of_one_process(
 
     # the WAL's families are the SQLite store's; workers keep history in Redis
     one = {k: v for k, v in shape(texts["one"]).items() if not k[0].startswith("chat_wal_")}
-    assert len(one) == len(shape(texts["one"])) - 2
+    assert len(one) == len(shape(texts["one"])) - 3  # file bytes, restarts, restart holds
     assert shape(texts["two"]) == one
     ack_bounds = bounds(texts["one"], "chat_ack_latency_ms")
     assert sorted(bounds(texts["two"], "chat_ack_latency_ms")) == sorted(ack_bounds)

@@ -504,6 +504,11 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
     assert notable["wal_restarts"] == store.wal_restarts
     assert sum(notable["restart_hold_buckets"].values()) == notable["restart_holds"]
     assert 0 < notable["wal_file_bytes_max"] < 8 << 20
+    # the holds' histogram as /metrics reads it (chat_wal_restart_hold_seconds)
+    stats = store.stats()
+    assert stats.restart_hold_counts is not None
+    assert sum(stats.restart_hold_counts) == store.restart_hold_seconds.count
+    assert stats.restart_hold_sum_s == store.restart_hold_seconds.sum > 0
     # nothing held for the restart was lost or misnumbered
     assert not recorder.failed()
     for room, messages in sent.items():
