@@ -482,14 +482,14 @@ def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
         lines.append(verdict)
         over = [p for run in group for p in run.get("slow_seconds", []) if p["max_ms"] >= bound_ms]
         if over:
-            stolen = [p for p in over if p.get("core_steal_ms_per_s", 0) >= STEAL_NOTABLE_MS]
-            held = [p for p in over if p.get("holds_ms")]
-            neither = [p for p in over if p not in stolen and p not in held]
+            stole = [p.get("core_steal_ms_per_s", 0) >= STEAL_NOTABLE_MS for p in over]
+            held = [bool(p.get("holds_ms")) for p in over]
+            neither = sum(not (s or h) for s, h in zip(stole, held, strict=True))
             lines.append(
                 f"    seconds with a delivery of {bound_ms:g} ms or more: {len(over)} in"
                 f" {len(group)} run(s); the host stole {STEAL_NOTABLE_MS:g} ms or more of"
-                f" the server's core in {len(stolen)}, the commits were held 10 ms or more"
-                f" in {len(held)}, neither in {len(neither)}"
+                f" the server's core in {sum(stole)}, the commits were held 10 ms or more"
+                f" in {sum(held)}, neither in {neither}"
             )
         for run in group:
             if run["generator_limited"]:

@@ -140,10 +140,12 @@ CHECKPOINT_POLL_S: Final = 0.25
 CATCH_UP_AFTER_S: Final = 0.5
 #: once the WAL holds this many checkpoints' worth of frames (``checkpoint_pages`` each)
 #: since it last restarted, the checkpointer has it restart (see :meth:`_restart_wal`).
-#: Each restart holds the commits for a few ms: at 4 (16 MB) a minute at 64,000
-#: delivered/s held them 47 times, and 17 of the seconds with a delivery over 50 ms in
-#: ten such minutes overlapped a hold of 10 ms or more; at 16 (64 MB), 15 times and 4
-#: seconds, for a WAL file of 72-81 MiB instead of 27-42 (docs/performance.md)
+#: Each restart holds the commits for a few ms. Ten interleaved minutes each at 66,200
+#: delivered/s (2,000 connections in rooms of 10, ``python -m bench.tail --rate 6620
+#: --repeat 1``): at 4 (16 MB) 39-51 holds a minute, and 17 of the seconds with a
+#: delivery of 50 ms or more overlapped a hold of 10 ms or more; at 16 (64 MB) 13-15
+#: holds and 4 such seconds, for a WAL file of 72-81 MiB instead of 27-42; the maxima
+#: were not told apart (docs/performance.md)
 WAL_RESTART_CHECKPOINTS: Final = 16
 #: a WAL file bigger than this many restarts' worth is cut back to it when the WAL restarts
 WAL_FILE_LIMIT_RESTARTS: Final = 4

@@ -37,6 +37,31 @@ def _scrape(port: int) -> dict[str, float]:
     return samples
 
 
+async def _rounds_until(
+    client: Client,
+    room: str,
+    metrics_port: int,
+    reached: Callable[[dict[str, float]], bool],
+    *,
+    size: int,
+    rounds: int,
+    pause_s: float,
+) -> dict[str, float]:
+    """Rounds of ``size`` sends (each round's acks read) until a scrape is ``reached``;
+    the last scrape. A fixed count is seen to miss: how much a send allocates, or how
+    soon the checkpointer looks, varies with the machine."""
+    for round_ in range(rounds):
+        for i in range(size):
+            await client.say(room, f"r{round_} m{i} " + "x" * 500)
+        for _ in range(size):
+            await client.expect(Ack, skip=(Message,))
+        await asyncio.sleep(pause_s)
+        samples = _scrape(metrics_port)
+        if reached(samples):
+            break
+    return samples
+
+
 @pytest.mark.transports
 async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: KeyPair):
     metrics_port = free_port()
@@ -98,17 +123,17 @@ async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, ke
     alice = await Client.connect(server, keys.mint("alice"))
     await alice.expect(Welcome)
     await alice.join("gc")
-    # rounds of 50 sends until a young collection was seen (how many allocations one send
-    # makes varies with the machine and the libraries: a fixed count is seen to miss)
-    for round_ in range(40):
-        for i in range(50):
-            await alice.send(Send(room="gc", body=f"r{round_} m{i} " + "x" * 200))
-        for _ in range(50):
-            await alice.expect(Ack, skip=(Message,))
-        await asyncio.sleep(0.3)  # some ticks of the 10 ms lag ticker
-        samples = _scrape(metrics_port)
-        if samples["chat_gc_pause_seconds_count{generation=0}"] >= 1:
-            break
+    # rounds of 50 sends until a young collection was seen, 0.3 s apart (some ticks of
+    # the 10 ms lag ticker)
+    samples = await _rounds_until(
+        alice,
+        "gc",
+        metrics_port,
+        lambda s: s["chat_gc_pause_seconds_count{generation=0}"] >= 1,
+        size=50,
+        rounds=40,
+        pause_s=0.3,
+    )
     assert samples["chat_gc_pause_seconds_count{generation=0}"] >= 1
     assert samples["chat_gc_pause_max_seconds{generation=0}"] > 0
     assert samples["chat_loop_lag_seconds_count"] >= 10
@@ -131,17 +156,17 @@ async def test_the_commits_holds_for_wal_restarts_show_in_metrics(start_server, 
     alice = await Client.connect(server, keys.mint("alice"))
     await alice.expect(Welcome)
     await alice.join("wal")
-    # rounds of sends until the checkpointer has held the commits to restart the WAL
-    # (it looks every 0.25 s)
-    for round_ in range(60):
-        for i in range(20):
-            await alice.send(Send(room="wal", body=f"r{round_} m{i} " + "w" * 500))
-        for _ in range(20):
-            await alice.expect(Ack, skip=(Message,))
-        await asyncio.sleep(0.1)
-        samples = _scrape(metrics_port)
-        if samples["chat_wal_restarts_total"] >= 1:
-            break
+    # rounds of sends until the checkpointer (it looks every 0.25 s) has held the commits
+    # to restart the WAL
+    samples = await _rounds_until(
+        alice,
+        "wal",
+        metrics_port,
+        lambda s: s["chat_wal_restarts_total"] >= 1,
+        size=20,
+        rounds=60,
+        pause_s=0.1,
+    )
     restarts = samples["chat_wal_restarts_total"]
     assert restarts >= 1
     holds = samples["chat_wal_restart_hold_seconds_count"]
