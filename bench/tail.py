@@ -19,6 +19,11 @@ variant: medians and ranges, and in how many runs the max stayed under ``--bound
 (50) with no GC pause over 10 ms and no ``unavailable``; a run whose driver was the
 limit too (generator-limited) is named with why, and not counted.
 
+``--relay`` adds the bare websockets relay (``bench.relay``) as one more variant, run
+the same way: how much of the tail the transport and the host make with no chat server
+at all. It has no metrics: of it the runs know the driver's figures, its CPU (psutil),
+its loop's wait for its core and the host's steal.
+
 ``--of-capacity 0.7`` first measures each variant's capacity on a fresh server (the
 fast driver climbs by 1.25 times a step from ``--capacity-start-rate`` with
 ``--capacity-step-s``-second steps, 20 by default, until p99 passes 100 ms) and runs
@@ -44,9 +49,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.harness import KeyPair, ServerProcess, free_port, pin_this_thread
 from bench.lab.results import Step
-from bench.lab.runner import scrape_metrics
+from bench.lab.runner import RelayProcess, scrape_metrics
 from chat_server.settings import parse_core_list
 
 #: a pause or lateness above this (s) is a tail event
@@ -59,6 +66,8 @@ WAITED = "core_wait_seconds"
 #: a scrape's entry for the time the host took the server's cores from this VM, in s
 #: (not a metric: the steal column of /proc/stat)
 STOLEN = "core_steal_seconds"
+#: the ``--relay`` variant: the bare websockets relay (``bench.relay``), not a chat server
+RELAY = {"target": "relay"}
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -210,6 +219,10 @@ def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     return {"late_ticks_ms": late, "late_ticks_at": times, "late_tick_causes": causes}
 
 
+#: :func:`stalls` of a target without /stats (the relay)
+NO_STALLS: dict[str, Any] = {"late_ticks_ms": [], "late_ticks_at": [], "late_tick_causes": {}}
+
+
 def held_commits(tail: dict[str, Any], second_end: float) -> dict[str, list[float]]:
     """The checkpointer's holds of the commits of 10 ms or more (ms) that overlapped the
     second ending at ``second_end`` (unix time); empty when none did."""
@@ -223,9 +236,13 @@ def held_commits(tail: dict[str, Any], second_end: float) -> dict[str, list[floa
 
 def start_server(
     args: argparse.Namespace, env: dict[str, str], workdir: Path
-) -> tuple[ServerProcess, Path, int]:
-    """A fresh chat server pinned to ``--server-core`` with ``env``; it, a token file for
-    the driver, and its metrics port."""
+) -> tuple[ServerProcess | RelayProcess, list[str], int | None]:
+    """A fresh chat server pinned to ``--server-core`` with ``env`` (or, for :data:`RELAY`,
+    the bare websockets relay: uvloop, deflate off); it, the driver's arguments that
+    name it, and its metrics port (None: the relay has none)."""
+    if env == RELAY:
+        relay = RelayProcess(workdir, parse_core_list(args.server_core) or []).start()
+        return relay, ["--target", "relay", "--url", relay.url], None
     keys = KeyPair(workdir)
     tokens = workdir / "tokens.json"
     users = max(1, args.connections // 10)
@@ -242,7 +259,8 @@ def start_server(
         log_level="warning",
         **env,
     ).start(timeout_s=30)
-    return server, tokens, metrics_port
+    target = ["--target", "chat", "--url", server.url, "--token-file", str(tokens)]
+    return server, target, metrics_port
 
 
 def env_rate(args: argparse.Namespace, env: dict[str, str]) -> float:
@@ -266,11 +284,11 @@ def measure_capacity(
     """Climb a fresh server with the fast driver (``--capacity-step-s`` steps, rates times
     1.25 from ``--capacity-start-rate``, p99 under 100 ms): its knee in sends/s, and
     whether a step above it broke (see :func:`knee`)."""
-    server, tokens, _ = start_server(args, env, workdir)
+    server, target, _ = start_server(args, env, workdir)
     out = workdir / "climb.json"
     command = [
-        *(sys.executable, "-m", "bench.lab.driver", "--target", "chat", "--url", server.url),
-        *("--token-file", str(tokens), "--connections", str(args.connections)),
+        *(sys.executable, "-m", "bench.lab.driver", *target),
+        *("--connections", str(args.connections)),
         *("--climb", "p99=100", "--rates", f"{args.capacity_start_rate:g}", "--factor", "1.25"),
         *("--max-rate", f"{args.capacity_max_rate:g}", "--step-s", f"{args.capacity_step_s:g}"),
         *("--warmup-s", "2", "--drain-s", "2", "--cpu-affinity", args.driver_core),
@@ -292,21 +310,29 @@ def measure_capacity(
 
 
 def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
-    """One server, one steady step; the driver's figures and the server's for the window."""
-    server, tokens, metrics_port = start_server(args, env, workdir)
+    """One server, one steady step; the driver's figures and the server's for the window.
+    Of the relay (no metrics, no /stats) only its CPU, its wait for its core and the
+    host's steal are known."""
+    server, target, metrics_port = start_server(args, env, workdir)
     scrapes: list[tuple[float, dict[str, float]]] = []
     stop = threading.Event()
 
     assert server.proc is not None
-    loops = server.worker_pids() or [server.proc.pid]
+    chat = isinstance(server, ServerProcess)
+    loops = (server.worker_pids() if chat else []) or [server.proc.pid]
+    relay_process = None if chat else psutil.Process(server.proc.pid)
     server_cores = set(parse_core_list(args.server_core) or ())
 
     def scrape_loop() -> None:
         # the harness's own work runs beside the driver, not on the server's core
         pin_this_thread(parse_core_list(args.driver_core))
         while not stop.is_set():
-            with contextlib.suppress(OSError):  # not up yet, or gone: the next one counts
-                samples = scrape(metrics_port)
+            with contextlib.suppress(OSError, psutil.Error):  # not up yet, or gone
+                if relay_process is None:
+                    samples = scrape(metrics_port)
+                else:
+                    times = relay_process.cpu_times()
+                    samples = {"process_cpu_seconds_total{}": times.user + times.system}
                 waited = core_wait_s(loops)
                 if waited is not None:
                     samples[WAITED] = waited
@@ -325,12 +351,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             sys.executable,
             "-m",
             "bench.lab.driver",
-            "--target",
-            "chat",
-            "--url",
-            server.url,
-            "--token-file",
-            str(tokens),
+            *target,
             "--connections",
             str(args.connections),
             "--rates",
@@ -358,7 +379,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             ).returncode
         if status != 0 or not out.exists():
             raise RuntimeError(f"fast driver exited {status}: see {workdir / 'driver.log'}")
-        stats = server.stats()
+        tail = server.stats()["tail"] if chat else None
     finally:
         stop.set()
         scraper.join()
@@ -386,9 +407,11 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     return {
         "env": env,
         "rate": env_rate(args, env),
-        **stalls(stats["tail"], wall_start, wall_start + step["duration_s"]),
+        # False for the relay: the GC, loop, commit and error figures are not known (0)
+        "server_metrics": chat,
+        **(stalls(tail, wall_start, wall_start + step["duration_s"]) if tail else NO_STALLS),
         # since the server started (SQLite store only)
-        "checkpointer": stats["tail"].get("checkpointer", {}),
+        "checkpointer": tail.get("checkpointer", {}) if tail else {},
         "sent_per_s": step["sent_per_s"],
         "delivered_per_s": step["delivered_per_s"],
         "p99_ms": step["latency_ms"]["p99"],
@@ -407,7 +430,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
                 "t_s": round(p["t_s"] - step["started_s"], 1),
                 "max_ms": p["max_ms"],
                 **second_figures(scrapes, t0 + p["t_s"] - 1, t0 + p["t_s"]),
-                **held_commits(stats["tail"], wall_start + p["t_s"] - step["started_s"]),
+                **(held_commits(tail, wall_start + p["t_s"] - step["started_s"]) if tail else {}),
             }
             for p in step["timeline"]
             if p.get("max_ms") and p["max_ms"] > TAIL_BOUND_S * 1e3 * 2
@@ -423,6 +446,8 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
 
 def variant_name(env: dict[str, str]) -> str:
     """``GC_POLICY=tuned``: a variant as its settings, or ``defaults``."""
+    if env == RELAY:
+        return "websockets relay"
     return " ".join(f"{n.upper()}={v}" for n, v in env.items()) or "defaults"
 
 
@@ -471,9 +496,15 @@ def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
             if run.get("unavailable"):
                 why.append(f"{run['unavailable']:.0f} unavailable")
             (failed if why else held).append((run, why))
+        measured = all(r.get("server_metrics", True) for r in group)
         verdict = (
-            f"    max under {bound_ms:g} ms, no GC pause over 10 ms and no unavailable:"
-            f" held in {len(held)} of the {len(counted)} run(s) the driver kept pace with"
+            f"    max under {bound_ms:g} ms"
+            + (
+                ", no GC pause over 10 ms and no unavailable"
+                if measured
+                else " (its GC pauses and errors are not measured)"
+            )
+            + f": held in {len(held)} of the {len(counted)} run(s) the driver kept pace with"
         )
         if failed:
             verdict += "; not in " + ", ".join(
@@ -584,6 +615,13 @@ def main(argv: list[str] | None = None) -> int:
         default=50,
         help="the summary says in how many runs the fan-out max stayed under this [50]",
     )
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="also run the bare websockets relay (bench.relay: uvloop, deflate off) as a"
+        " variant, at --rate or at --of-capacity of its own knee: the same tail on the"
+        " transport alone, on the same host",
+    )
     parser.add_argument("--json", type=Path, help="also write the runs here")
     args = parser.parse_args(argv)
     if args.of_capacity is not None and not 0 < args.of_capacity <= 1:
@@ -593,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = parse_variants(args.env)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.relay:
+        variants.append(RELAY)
     runs = []
     header = (
         f"{'settings':<28}{'p99 ms':>8}{'max ms':>8}{'gc0/1/2':>10}{'>10ms':>7}"
@@ -630,10 +670,14 @@ def main(argv: list[str] | None = None) -> int:
             name = variant_name(env)
             pauses = "/".join(f"{run[f'gc{g}_pauses']:.0f}" for g in "012")
             over = sum(run[f"gc{g}_over_10ms"] for g in "012")
+            inside = (
+                f"{pauses:>10}{over:>7.0f}{run['loop_late_over_10ms']:>10.0f}"
+                f"{run['commits']:>9.0f}{run['commits_over_10ms']:>7.0f}{run['unavailable']:>8.0f}"
+                if run["server_metrics"]
+                else f"{'-':>10}{'-':>7}{'-':>10}{'-':>9}{'-':>7}{'-':>8}"
+            )
             print(
-                f"{name:<28}{run['p99_ms']:>8.1f}{run['max_ms']:>8.1f}{pauses:>10}{over:>7.0f}"
-                f"{run['loop_late_over_10ms']:>10.0f}{run['commits']:>9.0f}"
-                f"{run['commits_over_10ms']:>7.0f}{run['unavailable']:>8.0f}"
+                f"{name:<28}{run['p99_ms']:>8.1f}{run['max_ms']:>8.1f}{inside}"
                 f"{run['cpu_percent']:>7.1f}{run['cpu_us_per_frame']:>9.2f}"
                 + ("  generator-limited" if run["generator_limited"] else ""),
                 flush=True,

@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.harness import ROOT
 from bench.tail import (
+    RELAY,
     STOLEN,
     WAITED,
     held_commits,
@@ -268,3 +269,35 @@ def test_the_summary_counts_runs_under_the_bound_and_leaves_out_generator_limite
     assert lines[0].startswith("defaults: 1 run(s) at 6620 sends/s: p99 10.0 ms, max 20.0 ms")
     assert lines[1].endswith("held in 1 of the 1 run(s) the driver kept pace with")
     assert lines[3].endswith("held in 1 of the 1 run(s) the driver kept pace with")
+
+
+def test_the_relay_variant_runs_the_bare_relay_and_says_what_it_cannot_measure(tmp_path: Path):
+    out = tmp_path / "runs.json"
+    result = run_tail(
+        *("--relay", "--rate", "300", "--connections", "100", "--duration-s", "2"),
+        *("--repeat", "1", "--json", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    chat, relay = json.loads(out.read_text())
+    assert chat["env"] == {} and chat["server_metrics"] is True and chat["commits"] > 0
+    assert relay["env"] == RELAY and relay["server_metrics"] is False
+    # the driver measured the relay: frames went through it, nothing lost
+    assert relay["p99_ms"] > 0 and relay["errors"] == 0
+    assert relay["delivered_per_s"] > 0.5 * 10 * 300
+    # its CPU came from the process (psutil), its wait and steal from /proc
+    assert relay["cpu_us_per_frame"] > 0 and relay["window_core_wait_ms_per_s"] >= 0
+    assert relay["commits"] == 0 and relay["checkpointer"] == {} and relay["late_ticks_ms"] == []
+    [row] = [x for x in result.stdout.splitlines() if x.startswith("websockets relay ")]
+    assert row.split()[4:10] == ["-"] * 6  # the server-side columns: not known
+    assert "max under 50 ms (its GC pauses and errors are not measured): held in" in result.stdout
+    assert "defaults: 1 run(s) at 300 sends/s" in result.stdout
+
+
+def test_the_summary_of_the_relay_does_not_claim_gc_or_errors_were_checked():
+    relay = [{**_run(1, 20.0), "env": RELAY, "server_metrics": False}]
+    lines = summary(relay, bound_ms=50)
+    assert lines[0].startswith("websockets relay: 1 run(s) at 6620 sends/s")
+    assert lines[1] == (
+        "    max under 50 ms (its GC pauses and errors are not measured): held in 1 of the 1"
+        " run(s) the driver kept pace with"
+    )
