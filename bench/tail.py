@@ -22,7 +22,10 @@ limit too (generator-limited) is named with why, and not counted.
 ``--relay`` adds the bare websockets relay (``bench.relay``) as one more variant, run
 the same way: how much of the tail the transport and the host make with no chat server
 at all. It has no metrics: of it the runs know the driver's figures, its CPU (psutil),
-its loop's wait for its core and the host's steal.
+its loop's wait for its core and the host's steal. ``--server-root PATH`` (repeatable)
+runs the chat server's code from another checkout, each one a variant: before and after
+a change, interleaved, with this harness (a server from before the metrics it reads gets
+its CPU from psutil, and the summary says what was not measured).
 
 ``--of-capacity 0.7`` first measures each variant's capacity on a fresh server (the
 fast driver climbs by 1.25 times a step from ``--capacity-start-rate`` with
@@ -66,6 +69,12 @@ WAITED = "core_wait_seconds"
 #: a scrape's entry for the time the host took the server's cores from this VM, in s
 #: (not a metric: the steal column of /proc/stat)
 STOLEN = "core_steal_seconds"
+#: the server's CPU seconds (the process collector's; from psutil where there is none)
+CPU = "process_cpu_seconds_total{}"
+#: a scrape that has this reports its GC pauses (and loop lag, commits, errors)
+GC_PAUSES = "chat_gc_pause_seconds_count{generation=0}"
+#: the ``--env`` name a ``--server-root`` arrives as: the chat server's code for a variant
+SERVER_ROOT = "server_root"
 #: the ``--relay`` variant: the bare websockets relay (``bench.relay``), not a chat server
 RELAY = {"target": "relay"}
 
@@ -117,7 +126,7 @@ def second_figures(
         return {}
     span = after[0] - before[0]
     figures = {}
-    cpu = "process_cpu_seconds_total{}"
+    cpu = CPU
     if cpu in before[1] and cpu in after[1]:
         figures["cpu_percent"] = 100 * (after[1][cpu] - before[1][cpu]) / span
     if WAITED in before[1] and WAITED in after[1]:
@@ -157,7 +166,7 @@ def window_figures(before: dict[str, float], after: dict[str, float]) -> dict[st
     commit_s = delta("chat_commit_seconds_sum{}")
     figures["commit_mean_ms"] = 1e3 * commit_s / figures["commits"] if figures["commits"] else 0.0
     figures["unavailable"] = delta("chat_errors_total{code=unavailable}")
-    figures["cpu_s"] = delta("process_cpu_seconds_total{}")
+    figures["cpu_s"] = delta(CPU)
     return figures
 
 
@@ -243,6 +252,8 @@ def start_server(
     if env == RELAY:
         relay = RelayProcess(workdir, parse_core_list(args.server_core) or []).start()
         return relay, ["--target", "relay", "--url", relay.url], None
+    root = env.get(SERVER_ROOT)
+    env = {k: v for k, v in env.items() if k != SERVER_ROOT}
     keys = KeyPair(workdir)
     tokens = workdir / "tokens.json"
     users = max(1, args.connections // 10)
@@ -258,7 +269,10 @@ def start_server(
         max_connections=args.connections + 100,
         log_level="warning",
         **env,
-    ).start(timeout_s=30)
+    )
+    if root is not None:  # its code from another checkout (an older commit, to compare)
+        server.env["PYTHONPATH"] = str(Path(root).resolve())
+    server.start(timeout_s=30)
     target = ["--target", "chat", "--url", server.url, "--token-file", str(tokens)]
     return server, target, metrics_port
 
@@ -320,7 +334,7 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     assert server.proc is not None
     chat = isinstance(server, ServerProcess)
     loops = (server.worker_pids() if chat else []) or [server.proc.pid]
-    relay_process = None if chat else psutil.Process(server.proc.pid)
+    process = psutil.Process(server.proc.pid)
     server_cores = set(parse_core_list(args.server_core) or ())
 
     def scrape_loop() -> None:
@@ -328,11 +342,10 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
         pin_this_thread(parse_core_list(args.driver_core))
         while not stop.is_set():
             with contextlib.suppress(OSError, psutil.Error):  # not up yet, or gone
-                if relay_process is None:
-                    samples = scrape(metrics_port)
-                else:
-                    times = relay_process.cpu_times()
-                    samples = {"process_cpu_seconds_total{}": times.user + times.system}
+                samples = scrape(metrics_port) if metrics_port else {}
+                if CPU not in samples:  # the relay, or a server from before the collector
+                    times = process.cpu_times()
+                    samples[CPU] = times.user + times.system
                 waited = core_wait_s(loops)
                 if waited is not None:
                     samples[WAITED] = waited
@@ -379,7 +392,8 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             ).returncode
         if status != 0 or not out.exists():
             raise RuntimeError(f"fast driver exited {status}: see {workdir / 'driver.log'}")
-        tail = server.stats()["tail"] if chat else None
+        # a server from before /stats had its tail (--server-root) has none
+        tail = server.stats().get("tail") if chat else None
     finally:
         stop.set()
         scraper.join()
@@ -407,8 +421,9 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     return {
         "env": env,
         "rate": env_rate(args, env),
-        # False for the relay: the GC, loop, commit and error figures are not known (0)
-        "server_metrics": chat,
+        # False for the relay, or a server from before these metrics: its GC, loop,
+        # commit and error figures are not known (0)
+        "server_metrics": GC_PAUSES in after[1],
         **(stalls(tail, wall_start, wall_start + step["duration_s"]) if tail else NO_STALLS),
         # since the server started (SQLite store only)
         "checkpointer": tail.get("checkpointer", {}) if tail else {},
@@ -622,13 +637,23 @@ def main(argv: list[str] | None = None) -> int:
         " variant, at --rate or at --of-capacity of its own knee: the same tail on the"
         " transport alone, on the same host",
     )
+    parser.add_argument(
+        "--server-root",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="run the chat server's code from this checkout (repeatable: each is a variant,"
+        " . for this one; e.g. a git worktree of the commit before a change)",
+    )
     parser.add_argument("--json", type=Path, help="also write the runs here")
     args = parser.parse_args(argv)
     if args.of_capacity is not None and not 0 < args.of_capacity <= 1:
         parser.error("--of-capacity must be in (0, 1]")
     args.rate_of = {}
     try:
-        variants = parse_variants(args.env)
+        variants = parse_variants(
+            args.env + [f"{SERVER_ROOT}={Path(root).resolve()}" for root in args.server_root]
+        )
     except ValueError as exc:
         parser.error(str(exc))
     if args.relay:
@@ -708,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
                 server_notes.append(
                     f"{checkpointer['checkpoints']} checkpoints since start,"
                     f" {checkpointer['catch_ups']} of them raised to normal priority"
-                    " (starved past 0.5 s)"
+                    " (starved)"
                 )
             if "wal_restarts" in checkpointer:
                 server_notes.append(

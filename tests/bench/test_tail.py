@@ -3,7 +3,9 @@ with what, and the window's histograms."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 from bench.harness import ROOT
 from bench.tail import (
     RELAY,
+    SERVER_ROOT,
     STOLEN,
     WAITED,
     held_commits,
@@ -20,6 +23,7 @@ from bench.tail import (
     parse_variants,
     second_figures,
     stalls,
+    start_server,
     summary,
     window_figures,
     window_histogram,
@@ -301,3 +305,22 @@ def test_the_summary_of_the_relay_does_not_claim_gc_or_errors_were_checked():
         "    max under 50 ms (its GC pauses and errors are not measured): held in 1 of the 1"
         " run(s) the driver kept pace with"
     )
+
+
+def test_a_server_root_runs_the_chat_servers_code_from_that_checkout(tmp_path: Path):
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "chat_server", other / "chat_server")
+    # the copy leaves a mark in the server's working directory when it is imported
+    init = other / "chat_server" / "__init__.py"
+    init.write_text(init.read_text() + '\n__import__("pathlib").Path("from-copy").touch()\n')
+    args = argparse.Namespace(connections=10, server_core="0")
+    for env, marked in (({SERVER_ROOT: str(other)}, True), ({}, False)):
+        workdir = tmp_path / f"run-{marked}"
+        workdir.mkdir()
+        server, target, metrics_port = start_server(args, env, workdir)
+        try:
+            assert server.settings.get(SERVER_ROOT.upper()) is None  # not a server setting
+            assert target[:2] == ["--target", "chat"] and metrics_port
+            assert (workdir / "from-copy").exists() is marked
+        finally:
+            server.stop()
