@@ -337,7 +337,7 @@ SPECS: tuple[Spec, ...] = (
         "idle",
         choice("idle", "normal"),
         "the checkpointer thread's priority on the server's core: idle (SCHED_IDLE, in the"
-        " loop's idle time; raised while a checkpoint runs past 0.5 s and while it holds the"
+        " loop's idle time; raised while a checkpoint runs past 2 s and while it holds the"
         " commits to restart the WAL) or normal",
     ),
     Spec(

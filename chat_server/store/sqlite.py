@@ -136,8 +136,12 @@ COMMIT_NOW_SIZE: Final = 32
 #: how often the checkpointer looks at the WAL file's size
 CHECKPOINT_POLL_S: Final = 0.25
 #: a checkpoint still running after this long (s) had no idle time on its core: the loop
-#: puts the checkpointer at normal priority until it ends
-CATCH_UP_AFTER_S: Final = 0.5
+#: puts the checkpointer at normal priority until it ends. 0.5 s raised one to five a
+#: minute with the core 92 % busy (70 % of capacity on a slow VM), each taking the loop's
+#: core from it mid-load; at 2 s none were raised there and the fan-out p99 fell in five
+#: of five interleaved pairs (docs/performance.md, seventh measurement). Past capacity
+#: the WAL file stays bounded, a little larger (98 -> 153 MiB at 120k offered).
+CATCH_UP_AFTER_S: Final = 2.0
 #: once the WAL holds this many checkpoints' worth of frames (``checkpoint_pages`` each)
 #: since it last restarted, the checkpointer has it restart (see :meth:`_restart_wal`).
 #: Each restart holds the commits for a few ms. Ten interleaved minutes each at 66,200
