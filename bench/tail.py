@@ -205,13 +205,14 @@ def window_histogram(
 def stalls(tail: dict[str, Any], start: float, end: float) -> dict[str, Any]:
     """The loop's late ticks in ``[start, end]`` (unix time), each with what it coincided
     with: a checkpoint running, a slow commit, a GC pause, or nothing the server saw."""
+    # .get throughout: a server from an older commit (--server-root) remembers less
     checkpoints = [(e["at"], e["at"] + e["took_s"]) for e in tail.get("slow_checkpoints", [])]
     commits = [(e["at"] - e["took_s"], e["at"]) for e in tail.get("slow_commits", [])]
-    pauses = [(e["at"] - e["pause_s"], e["at"]) for e in tail["gc"]["notable"]]
+    pauses = [(e["at"] - e["pause_s"], e["at"]) for e in tail.get("gc", {}).get("notable", [])]
     causes: dict[str, int] = {}
     late = []
     times = []
-    for event in tail["loop_lag"]["notable"]:
+    for event in tail.get("loop_lag", {}).get("notable", []):
         at, lag = event["at"], event["lag_s"]
         if not start <= at <= end:
             continue

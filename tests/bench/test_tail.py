@@ -324,3 +324,14 @@ def test_a_server_root_runs_the_chat_servers_code_from_that_checkout(tmp_path: P
             assert (workdir / "from-copy").exists() is marked
         finally:
             server.stop()
+
+
+def test_stalls_read_an_older_servers_stats_that_remember_less():
+    # 0d405a7's /stats tail had no late ticks, GC pauses or slow commits with their times
+    assert stalls({"loop_lag": {"max_s": 0.02}}, start=0.0, end=10.0) == {
+        "late_ticks_ms": [],
+        "late_ticks_at": [],
+        "late_tick_causes": {},
+    }
+    tail = {"loop_lag": {"notable": [{"at": 5.0, "lag_s": 0.03}]}}
+    assert stalls(tail, start=0.0, end=10.0)["late_tick_causes"] == {"nothing seen": 1}
