@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,6 +36,21 @@ def _scrape(port: int) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return samples
+
+
+async def _alice_in(
+    start_server: Callable[..., ServerProcess], keys: KeyPair, room: str, **settings: Any
+) -> tuple[ServerProcess, Client, int]:
+    """A server with ``settings``, a metrics port and the rate limit raised (the send
+    rounds outrun the default burst), and alice joined to ``room`` in it."""
+    metrics_port = free_port()
+    server = start_server(
+        metrics_port=metrics_port, rate_limit_per_s=100000, rate_limit_burst=100000, **settings
+    )
+    alice = await Client.connect(server, keys.mint("alice"))
+    await alice.expect(Welcome)
+    await alice.join(room)
+    return server, alice, metrics_port
 
 
 async def _rounds_until(
@@ -112,17 +128,8 @@ async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: 
 
 
 async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, keys: KeyPair):
-    metrics_port = free_port()
     # GC_POLICY=default: CPython's thresholds collect the young generation often
-    server = start_server(
-        metrics_port=metrics_port,
-        gc_policy="default",
-        rate_limit_per_s=100000,  # the rounds below outrun the default limit's burst
-        rate_limit_burst=100000,
-    )
-    alice = await Client.connect(server, keys.mint("alice"))
-    await alice.expect(Welcome)
-    await alice.join("gc")
+    server, alice, metrics_port = await _alice_in(start_server, keys, "gc", gc_policy="default")
     # rounds of 50 sends until a young collection was seen, 0.3 s apart (some ticks of
     # the 10 ms lag ticker)
     samples = await _rounds_until(
@@ -145,17 +152,10 @@ async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, ke
 
 
 async def test_the_commits_holds_for_wal_restarts_show_in_metrics(start_server, keys: KeyPair):
-    metrics_port = free_port()
     # CHAT_DB_CHECKPOINT_PAGES=1: the checkpointer restarts the WAL every 16 frames
-    server = start_server(
-        metrics_port=metrics_port,
-        chat_db_checkpoint_pages=1,
-        rate_limit_per_s=100000,
-        rate_limit_burst=100000,
+    server, alice, metrics_port = await _alice_in(
+        start_server, keys, "wal", chat_db_checkpoint_pages=1
     )
-    alice = await Client.connect(server, keys.mint("alice"))
-    await alice.expect(Welcome)
-    await alice.join("wal")
     # rounds of sends until the checkpointer (it looks every 0.25 s) has held the commits
     # to restart the WAL
     samples = await _rounds_until(
