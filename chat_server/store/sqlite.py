@@ -136,11 +136,13 @@ COMMIT_NOW_SIZE: Final = 32
 #: how often the checkpointer looks at the WAL file's size
 CHECKPOINT_POLL_S: Final = 0.25
 #: a checkpoint still running after this long (s) had no idle time on its core: the loop
-#: puts the checkpointer at normal priority until it ends. 0.5 s raised one to five a
-#: minute with the core 92 % busy (70 % of capacity on a slow VM), each taking the loop's
-#: core from it mid-load; at 2 s none were raised there and the fan-out p99 fell in five
-#: of five interleaved pairs (docs/performance.md, seventh measurement). Past capacity
-#: the WAL file stays bounded, a little larger (98 -> 153 MiB at 120k offered).
+#: puts the checkpointer at normal priority until it ends. Five interleaved minutes each
+#: at 68,640 delivered/s (2,000 connections in rooms of 10, the core 92 % busy,
+#: ``python -m bench.tail --rate 6864 --repeat 5`` with ``--server-root`` of both): at
+#: 0.5 s 1-5 raises a minute, each taking the loop's core mid-load, p99 25.8-256.6 ms
+#: (median 65.8); at 2 s none, p99 18.5-48.9 ms (median 29.8), lower in 5 of 5 pairs,
+#: CPU per frame unchanged. Past capacity (``--rate 12000``, one pair) the WAL file still
+#: stays bounded, a little larger: 98 -> 153 MiB (docs/performance.md, seventh section).
 CATCH_UP_AFTER_S: Final = 2.0
 #: once the WAL holds this many checkpoints' worth of frames (``checkpoint_pages`` each)
 #: since it last restarted, the checkpointer has it restart (see :meth:`_restart_wal`).
