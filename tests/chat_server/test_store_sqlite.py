@@ -498,8 +498,11 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
     assert store.wal_restarts >= 2
     assert store.restart_hold_seconds.count >= store.wal_restarts
     # 16 checkpoints' worth restarts it, a file past 4 restarts' worth is cut back: what
-    # comes in during one 0.25-s poll is all that can lie on top of that
-    assert biggest < 8 << 20
+    # comes in while a checkpoint waits for idle time (up to CATCH_UP_AFTER_S on a busy
+    # machine, then it is raised) is all that can lie on top of that. 8 MiB held until
+    # the wait went from 0.5 to 2 s; a full-suite run then saw 8.2 MiB. Without the
+    # restart the file grows to 35-41 MB here, so 16 MiB still tells the two apart
+    assert biggest < 16 << 20
     notable = store.notable()["checkpointer"]
     assert notable["wal_restarts"] == store.wal_restarts
     assert sum(notable["restart_hold_buckets"].values()) == notable["restart_holds"]
