@@ -27,8 +27,8 @@ from auth_service.tokens import (
     rotate_key,
 )
 from auth_service.users import UserStore
-from chat_server.log_redaction import redact_tokens_in_logs
-from chat_server.runtime import loop_factory
+from chatlab.log_redaction import redact_tokens_in_logs
+from chatlab.loops import loop_factory
 
 log = logging.getLogger("auth_service")
 

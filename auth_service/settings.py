@@ -1,7 +1,8 @@
 """Settings: every toggle of the auth service, read once from ``.env`` and the environment.
 
-The same rules as the chat server's (:mod:`chat_server.settings`, whose parsers and
-:class:`~chat_server.settings.SettingError` this module reuses): ``.env`` from the
+The same rules as the chat server's: both build on :mod:`chatlab.settings` (its
+parsers, :class:`~chatlab.settings.Spec` table and
+:class:`~chatlab.settings.SettingError`): ``.env`` from the
 working directory, the environment wins, every value is validated once at start, and
 a bad one raises :class:`SettingError`, which ``python -m auth_service`` turns into one
 line naming the variable, the value and what is allowed, and exit status 2.
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 
 import argon2
 
-from chat_server.settings import (
+from chatlab.settings import (
     SettingError,
     Spec,
     SpecSettings,

@@ -25,8 +25,6 @@ keyring, each by atomic rename; a running service notices the keyring's change
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +41,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from auth_service.settings import SettingError, Settings
+from chatlab.keys import key_id
 
 log = logging.getLogger("auth_service.tokens")
 
@@ -51,12 +50,6 @@ ALGORITHM: Final = "EdDSA"
 RETIRED_KEY_LEEWAY_S: Final = 60
 #: the least time between two looks at the keyring file
 REFRESH_INTERVAL_S: Final = 1.0
-
-
-def key_id(public_key: Ed25519PublicKey) -> str:
-    """The key's ``kid``: base64url (unpadded) of the first 8 bytes of SHA-256 of the raw key."""
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:8]).rstrip(b"=").decode()
 
 
 def public_pem(public_key: Ed25519PublicKey) -> bytes:

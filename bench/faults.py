@@ -36,7 +36,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from bench.harness import KeyPair, RedisProcess, ServerProcess
+from chatlab.harness import KeyPair, RedisProcess, ServerProcess
 
 FAULTS = ("kill9", "sigterm", "redis-down")
 HISTORY_PAGE = 500

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.harness import KeyPair, ServerProcess
+from chatlab.harness import KeyPair, ServerProcess
 
 
 async def _open(url: str, token: str, count: int) -> list[ClientConnection]:

@@ -26,9 +26,10 @@ from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from chat_server.runtime import loop_factory, on_stop_signals, pin_cpus, raise_open_files_limit
-from chat_server.settings import parse_core_list
+from chat_server.runtime import on_stop_signals, pin_cpus, raise_open_files_limit
 from chat_server.transport.websockets import permessage_deflate
+from chatlab.loops import loop_factory
+from chatlab.settings import parse_core_list
 
 log = logging.getLogger("bench.relay")
 

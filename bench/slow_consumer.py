@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.harness import KeyPair, ServerProcess
+from chatlab.harness import KeyPair, ServerProcess
 
 #: the message body the talker sends (characters)
 BODY_CHARS = 3000

@@ -54,10 +54,10 @@ from typing import Any
 
 import psutil
 
-from bench.harness import KeyPair, ServerProcess, free_port, pin_this_thread
 from bench.lab.results import Step
 from bench.lab.runner import RelayProcess, scrape_metrics
-from chat_server.settings import parse_core_list
+from chatlab.harness import KeyPair, ServerProcess, free_port, pin_this_thread
+from chatlab.settings import parse_core_list
 
 #: a pause or lateness above this (s) is a tail event
 TAIL_BOUND_S = 0.01

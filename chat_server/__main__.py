@@ -20,9 +20,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from chat_server.limits import ConnectionLimit, usable_connections
-from chat_server.log_redaction import redact_tokens_in_logs
 from chat_server.settings import SettingError, Settings, redact_url, settings_help
 from chat_server.supervisor import WorkerSeat
+from chatlab.log_redaction import redact_tokens_in_logs
 
 if TYPE_CHECKING:
     from chat_server.auth import TokenVerifier
@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         _configure_logging(settings, seat)
         return Supervisor(settings, args.env_file).run()
     from chat_server.auth import load_verifier  # noqa: PLC0415
-    from chat_server.runtime import loop_factory, pin_cpus, raise_open_files_limit  # noqa: PLC0415
+    from chat_server.runtime import pin_cpus, raise_open_files_limit  # noqa: PLC0415
+    from chatlab.loops import loop_factory  # noqa: PLC0415
 
     try:
         verifier = load_verifier(settings)

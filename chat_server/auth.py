@@ -19,9 +19,7 @@ SHA-256 of the raw key).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import json
 import logging
 import re
@@ -33,13 +31,12 @@ from pathlib import Path
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    PublicFormat,
     load_pem_public_key,
 )
 
 from chat_server.errors import ChatError
 from chat_server.settings import SettingError, Settings
+from chatlab.keys import key_id
 
 _KEY_TYPES = {
     "EdDSA": (ed25519.Ed25519PublicKey, ed448.Ed448PublicKey),
@@ -177,19 +174,15 @@ def load_verifier(settings: Settings) -> TokenVerifier:
             f"the key does not suit JWT_ALGORITHM={settings.jwt_algorithm}",
         )
     return TokenVerifier(
-        key, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience, kid=key_id(key)
+        key, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience, kid=_key_id(key)
     )
 
 
-def key_id(public_key: object) -> str | None:
-    """The auth service's ``kid`` for an Ed25519 key (None for other keys: they have none).
-
-    base64url (unpadded) of the first 8 bytes of SHA-256 of the raw public key.
-    """
+def _key_id(public_key: object) -> str | None:
+    """The auth service's ``kid`` for an Ed25519 key (None for other keys: they have none)."""
     if not isinstance(public_key, ed25519.Ed25519PublicKey):
         return None
-    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return base64.urlsafe_b64encode(hashlib.sha256(raw).digest()[:8]).rstrip(b"=").decode()
+    return key_id(public_key)
 
 
 class JwksKeys:

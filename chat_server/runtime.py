@@ -1,4 +1,4 @@
-"""Process runtime: the event loop choice, CPU affinity, open-files limit and signals.
+"""Process runtime: CPU affinity, open-files limit and signals.
 
 SIGTERM and SIGINT stop the server; SIGUSR1 asks for a profile snapshot.
 
@@ -18,15 +18,6 @@ from collections.abc import Callable
 import psutil
 
 log = logging.getLogger("chat_server")
-
-
-def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """Return a factory for the ``EVENT_LOOP`` named ``asyncio`` or ``uvloop``."""
-    if name == "uvloop":
-        import uvloop  # noqa: PLC0415  (only imported when chosen)
-
-        return uvloop.new_event_loop
-    return asyncio.new_event_loop
 
 
 def pin_cpus(cores: tuple[int, ...] | None) -> None:

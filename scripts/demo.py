@@ -21,9 +21,9 @@ from websockets.asyncio.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.harness import KeyPair, ServerProcess  # noqa: E402
 from chat_server.codecs import get_codec  # noqa: E402
 from chat_server.messages import Ack, HistoryRequest, Join, Send  # noqa: E402
+from chatlab.harness import KeyPair, ServerProcess  # noqa: E402
 
 
 def _show(who: str, message: object) -> None:

@@ -1,4 +1,4 @@
-"""Test support: real websocket clients; keys and server processes come from bench.harness."""
+"""Test support: real websocket clients; keys and server processes come from chatlab.harness."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.harness import AUDIENCE, ISSUER, ROOT, KeyPair, RedisProcess, ServerProcess, free_port
 from chat_server.codecs import get_codec
 from chat_server.messages import (
     Ack,
@@ -21,6 +20,7 @@ from chat_server.messages import (
     Send,
     ServerMessage,
 )
+from chatlab.harness import AUDIENCE, ISSUER, ROOT, KeyPair, RedisProcess, ServerProcess, free_port
 
 __all__ = [
     "AUDIENCE",

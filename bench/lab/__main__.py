@@ -28,9 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT
 from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
 from bench.lab.results import HEADLINE_SLO_MS, Results, Step
+from chatlab.harness import ROOT
 
 REPORTS_DIR = ROOT / "reports"
 CEILINGS_PATH = REPORTS_DIR / "ceilings.json"

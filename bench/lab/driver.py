@@ -97,8 +97,9 @@ from websockets.headers import build_extension, parse_extension
 from bench.lab.results import PERCENTILES, Step, TimePoint, parse_slo, stalled_points
 from chat_server.codecs import CODEC_NAMES, Codec, chat_pb2, get_codec
 from chat_server.messages import Join, Send, ServerMessage
-from chat_server.runtime import loop_factory, pin_cpus, raise_open_files_limit
-from chat_server.settings import parse_core_list
+from chat_server.runtime import pin_cpus, raise_open_files_limit
+from chatlab.loops import loop_factory
+from chatlab.settings import parse_core_list
 
 log = logging.getLogger("bench.lab.driver")
 

@@ -33,7 +33,11 @@ from typing import Any
 
 import psutil
 
-from bench.harness import (
+from bench.lab.matrix import Config, Load, Matrix
+from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint, edge, parse_slo
+from bench.lab.sampler import Sampler
+from bench.lab.tailwatch import TailWatch
+from chatlab.harness import (
     ROOT,
     AuthProcess,
     KeyPair,
@@ -42,10 +46,6 @@ from bench.harness import (
     ServiceProcess,
     free_port,
 )
-from bench.lab.matrix import Config, Load, Matrix
-from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint, edge, parse_slo
-from bench.lab.sampler import Sampler
-from bench.lab.tailwatch import TailWatch
 
 log = logging.getLogger("bench.lab")
 
@@ -455,7 +455,7 @@ class Lab:
 
     def _cores_of(self, env: dict[str, str]) -> list[int]:
         """The cores a server setting pins to (all usable ones for ``off``)."""
-        from chat_server.settings import parse_core_list
+        from chatlab.settings import parse_core_list
 
         return list(parse_core_list(env.get("CPU_AFFINITY", "off")) or usable_cores())
 

@@ -13,8 +13,8 @@ from contextlib import suppress
 
 import psutil
 
-from bench.harness import pin_this_thread
 from bench.lab.results import Sample
+from chatlab.harness import pin_this_thread
 
 INTERVAL_S = 0.5
 

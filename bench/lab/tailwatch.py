@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
-from bench.harness import pin_this_thread
+from chatlab.harness import pin_this_thread
 
 #: the series kept each second (prefixes of scrape_metrics' keys)
 KEPT = (

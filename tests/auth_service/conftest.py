@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness import FAST_ARGON2, AuthProcess
+from chatlab.harness import FAST_ARGON2, AuthProcess
 
 #: what the tests run with unless they say otherwise: cheap hashes, no per-client limits
 TEST_SETTINGS = {

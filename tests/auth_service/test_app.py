@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import jwt
 import pytest
 
-from bench.harness import AUDIENCE, ISSUER, AuthProcess
 from chat_server.settings import Settings as ChatSettings
+from chatlab.harness import AUDIENCE, ISSUER, AuthProcess
 
 PASSWORD = "correct horse"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.harness import AuthProcess, http_request
 from bench.lab.runner import scrape_metrics
+from chatlab.harness import AuthProcess, http_request
 
 PAGE = "http://127.0.0.1:8000"
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from threading import Barrier
 
-from bench.harness import AuthProcess, HttpReply
+from chatlab.harness import AuthProcess, HttpReply
 
 PASSWORD = "correct horse"
 

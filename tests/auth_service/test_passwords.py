@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.harness import AuthProcess
+from chatlab.harness import AuthProcess
 
 PASSWORD = "correct horse"
 

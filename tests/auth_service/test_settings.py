@@ -8,7 +8,7 @@ import argon2
 import pytest
 
 from auth_service.settings import SPECS, SettingError, Settings
-from bench.harness import ROOT, AuthProcess
+from chatlab.harness import ROOT, AuthProcess
 
 
 def test_defaults_are_argon2_cffis_and_the_usable_cores_less_one():

@@ -12,7 +12,7 @@ from pathlib import Path
 import jwt
 import pytest
 
-from bench.harness import AUDIENCE, AuthProcess
+from chatlab.harness import AUDIENCE, AuthProcess
 
 PASSWORD = "correct horse"
 

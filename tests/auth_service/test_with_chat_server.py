@@ -15,7 +15,8 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from bench.harness import (
+from chat_server.messages import Ack, Joined, Message, Welcome
+from chatlab.harness import (
     AUDIENCE,
     FAST_ARGON2,
     ISSUER,
@@ -26,7 +27,6 @@ from bench.harness import (
     free_port,
     http_request,
 )
-from chat_server.messages import Ack, Joined, Message, Welcome
 from tests.support import Client, opens_chat
 
 PASSWORD = "correct horse"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness import ROOT
+from chatlab.harness import ROOT
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 from hdrh.histogram import HdrHistogram
 
-from bench.harness import ROOT, KeyPair, ServerProcess, free_port
 from bench.lab.driver import (
     DEFLATE_OFFER,
     DIGITS,
@@ -38,6 +37,7 @@ from bench.lab.driver import (
 from bench.lab.results import PERCENTILES, Step, TimePoint, stalled_points
 from chat_server.codecs import get_codec
 from chat_server.messages import Send
+from chatlab.harness import ROOT, KeyPair, ServerProcess, free_port
 
 #: a short run: 20 connections in rooms of 10, two 1 s steps
 SHORT_RUN = (

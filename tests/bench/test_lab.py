@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import ROOT
 from bench.lab.capacity import edge, parse_slo, plan
 from bench.lab.matrix import MatrixError, available, load_matrix
 from bench.lab.results import Results, Run, Step
+from chatlab.harness import ROOT
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import ROOT
 from bench.lab.report import metric_cells, summary_table, write_report
 from bench.lab.results import Results, Run, Sample, Step, TimePoint
+from chatlab.harness import ROOT
 from tests.support import CHROMIUM, chromium_dom
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT
 from bench.tail import (
     RELAY,
     SERVER_ROOT,
@@ -28,6 +27,7 @@ from bench.tail import (
     window_figures,
     window_histogram,
 )
+from chatlab.harness import ROOT
 
 
 def test_late_ticks_in_the_window_are_attributed_to_what_overlapped_them():

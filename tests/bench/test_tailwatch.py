@@ -8,10 +8,10 @@ import os
 import time
 from collections.abc import Callable
 
-from bench.harness import KeyPair, ServerProcess, free_port
 from bench.lab.runner import scrape_metrics
 from bench.lab.tailwatch import TailWatch, likely_cause, tail_events
 from chat_server.messages import Ack, Message, Send, Welcome
+from chatlab.harness import KeyPair, ServerProcess, free_port
 from tests.support import Client
 
 UNIX_T0 = 1_800_000_000.0

@@ -8,8 +8,9 @@ import logging
 
 import pytest
 
-from chat_server.auth import InvalidToken, TokenVerifier, key_id
-from chat_server.log_redaction import RedactTokens, redact
+from chat_server.auth import InvalidToken, TokenVerifier
+from chatlab.keys import key_id
+from chatlab.log_redaction import RedactTokens, redact
 from tests.support import AUDIENCE, ISSUER, KeyPair
 
 

@@ -13,8 +13,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from bench.harness import ServerProcess, http_request
 from chat_server.web import PAGE_FILES, WebSite
+from chatlab.harness import ServerProcess, http_request
 
 
 def _get(server: ServerProcess, path: str):

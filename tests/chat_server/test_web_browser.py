@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness import FAST_ARGON2, AuthProcess, KeyPair, ServerProcess
+from chatlab.harness import FAST_ARGON2, AuthProcess, KeyPair, ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

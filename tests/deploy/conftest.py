@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from bench.harness import (
+from chat_server.messages import Ack, Message, Presence, Welcome
+from chatlab.harness import (
     FAST_ARGON2,
     ROOT,
     AuthProcess,
@@ -32,7 +33,6 @@ from bench.harness import (
     ServiceProcess,
     free_port,
 )
-from chat_server.messages import Ack, Message, Presence, Welcome
 from tests.support import Client
 
 PROMETHEUS = "/usr/bin/prometheus"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness import FAST_ARGON2, ROOT, AuthProcess, free_port
+from chatlab.harness import FAST_ARGON2, ROOT, AuthProcess, free_port
 
 #: ``locust -f loadtest/chat.py``, as a command line
 LOCUST = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "chat.py")]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import AuthProcess, KeyPair, ServerProcess
+from chatlab.harness import AuthProcess, KeyPair, ServerProcess
 from loadtest.profiles import (
     PROFILES,
     QUIET_TAIL_S,

@@ -8,6 +8,7 @@ the environment) and mint tokens as the auth service does (EdDSA, with ``kid``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterable
@@ -27,7 +29,7 @@ import psutil
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from chat_server.auth import key_id
+from chatlab.keys import key_id
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUER = "chatlab-auth"
@@ -218,8 +220,6 @@ class ServerProcess(ServiceProcess):
 
     def stats(self) -> dict[str, Any]:
         """The server's /stats counters."""
-        import json
-
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=5) as resp:
             return json.loads(resp.read())
 
@@ -310,8 +310,6 @@ class HttpReply:
 
     def json(self) -> Any:
         """The body as JSON."""
-        import json
-
         return json.loads(self.body)
 
     def __repr__(self) -> str:
@@ -328,9 +326,6 @@ def http_request(
     timeout_s: float = 30,
 ) -> HttpReply:
     """One HTTP request (``payload`` sent as JSON, or ``body`` as it is); any status returns."""
-    import json
-    import urllib.error
-
     if payload is not None:
         body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
