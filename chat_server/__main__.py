@@ -66,15 +66,16 @@ async def serve(
         MetricsPublisher,
         MetricsServer,
     )
+    from chat_server.regressions import Regression, load_inline_login  # noqa: PLC0415
     from chat_server.runtime import (  # noqa: PLC0415
         on_snapshot_signal,
         on_stop_signals,
         watch_parent,
     )
-    from chat_server.service import ChatService  # noqa: PLC0415
     from chat_server.tail import start_tail  # noqa: PLC0415
     from chat_server.transport import transport_for  # noqa: PLC0415
     from chat_server.transport.base import CLOSE_GOING_AWAY  # noqa: PLC0415
+    from chat_server.wiring import build_service  # noqa: PLC0415
 
     try:
         transport_class = transport_for(settings)
@@ -92,7 +93,8 @@ async def serve(
             print(f"chat_server: {exc}", file=sys.stderr)
             return 2
     codec = get_codec(settings.serializer)
-    service = ChatService(
+    regression = Regression.of(settings)
+    service = build_service(
         settings,
         codec,
         worker_index=worker_index,
@@ -110,10 +112,8 @@ async def serve(
         return 2
     # the inline login listens before /healthz answers, so a ready server is all ready
     inline_login = None
-    if settings.regression == "auth_inline":
-        from chat_server.inline_auth import InlineLogin  # noqa: PLC0415 (imports argon2)
-
-        inline_login = InlineLogin(settings, env_file)
+    if regression.inline_login:
+        inline_login = load_inline_login(settings, env_file)
         try:
             await inline_login.start()
         except (SettingError, OSError) as exc:
@@ -177,11 +177,11 @@ async def serve(
         backend,
     )
     _log_connection_limit(limit)
-    if settings.regression != "off":
+    if regression.name != "off":
         log.warning(
             "REGRESSION=%s is ON: this server makes a deliberate mistake for the lab; "
             "never use it for real traffic",
-            settings.regression,
+            regression.name,
         )
     if seat is not None:
         seat.report_ready()

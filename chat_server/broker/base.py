@@ -1,26 +1,68 @@
-"""The broker interface: fan-out of committed messages to every process serving a room.
+"""The broker contract: which rooms this process hears, and fan-out between processes.
 
-With one process the broker hands a message straight back to the local core; a
-shared broker (:mod:`chat_server.broker.redis`) carries it to every process
-subscribed to the room.
+Both backends keep it. :class:`~chat_server.broker.memory.MemoryBroker` (one process)
+has no other process to reach: every room is ready at once and a committed message
+is delivered by the service itself. :class:`~chat_server.broker.redis.RedisBroker`
+carries each message, the store's commit script having published it, to every
+process subscribed to the room, and reports it to the listener given to
+:meth:`Broker.report_to`, in ``seq`` order per room.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Any, ClassVar, Protocol
 
 from chat_server.messages import Message
 
 Deliver = Callable[[Message], None]
 
 
+class BrokerListener(Protocol):
+    """What a broker reports to (the service's shared rooms): messages heard, room state."""
+
+    def delivered(self, message: Message) -> None:
+        """A subscribed room's next message, in ``seq`` order."""
+
+    def jumped(self, room: str, last_seq: int) -> None:
+        """The room's ``last_seq`` moved without a delivery (history trimmed meanwhile)."""
+
+    def announce(self, room: str, user: str, present: bool) -> None:
+        """The room's shared member set gained (True) or lost ``user``."""
+
+    def local_users(self, room: str) -> Collection[str]:
+        """The users this process holds in ``room``."""
+
+    def local_rooms(self) -> dict[str, Collection[str]]:
+        """Every room this process holds, with its users."""
+
+
 class Broker(ABC):
-    """Publishes committed messages; calls ``deliver`` for each message of a subscribed room."""
+    """Subscriptions, readiness and shared presence of the rooms this process serves."""
+
+    #: True when this process's own committed messages come back through the broker
+    #: (the store published them); False when the service delivers them at commit
+    delivers_commits: ClassVar[bool]
+
+    def report_to(self, listener: BrokerListener) -> None:  # noqa: B027 (optional)
+        """Report what the broker hears to ``listener`` (before :meth:`start`)."""
 
     @abstractmethod
     async def start(self) -> None:
-        """Connect; raise if the broker cannot be reached."""
+        """Connect; raise BrokerUnavailable if the broker cannot be reached."""
+
+    @abstractmethod
+    def is_ready(self, room: str) -> bool:
+        """True when a join of ``room`` needs no wait."""
+
+    @abstractmethod
+    async def prepare(self, room: str) -> None:
+        """Make ``room`` ready (subscribe, snapshot); BrokerUnavailable if that fails."""
+
+    @abstractmethod
+    def release(self, room: str) -> None:
+        """A join that prepared ``room`` is over: drop it if nothing else needs it."""
 
     @abstractmethod
     def subscribe(self, room: str) -> None:
@@ -31,8 +73,16 @@ class Broker(ABC):
         """Stop receiving the room's messages (called when its last member leaves)."""
 
     @abstractmethod
-    def publish(self, message: Message) -> None:
-        """Send a committed message to every subscribed process, in ``seq`` order per room."""
+    def members(self, room: str) -> Collection[str]:
+        """The room's users other processes hold (none with one process)."""
+
+    @abstractmethod
+    def presence_changed(self, room: str, user: str) -> None:
+        """``user``'s first connection arrived in ``room`` here, or its last left."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counters for /stats (empty when there is nothing to count)."""
 
     @abstractmethod
     async def close(self) -> None:

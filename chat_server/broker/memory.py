@@ -1,19 +1,30 @@
-"""The embedded broker for one process: publish is a direct, synchronous delivery."""
+"""The embedded broker for one process: no other process, so nothing to carry."""
 
 from __future__ import annotations
 
-from chat_server.broker.base import Broker, Deliver
-from chat_server.messages import Message
+from collections.abc import Collection
+from typing import Any
+
+from chat_server.broker.base import Broker
 
 
 class MemoryBroker(Broker):
-    """In-process fan-out: ``publish`` calls ``deliver`` at once, so order is commit order."""
+    """One process: every room is ready, no member is elsewhere, the service delivers."""
 
-    def __init__(self, deliver: Deliver) -> None:
-        self._deliver = deliver
+    delivers_commits = False
 
     async def start(self) -> None:
         """Nothing to connect."""
+
+    def is_ready(self, room: str) -> bool:
+        """Always: there is nothing to subscribe to."""
+        return True
+
+    async def prepare(self, room: str) -> None:
+        """Nothing to prepare."""
+
+    def release(self, room: str) -> None:
+        """Nothing held."""
 
     def subscribe(self, room: str) -> None:
         """Every room is local; nothing to do."""
@@ -21,9 +32,16 @@ class MemoryBroker(Broker):
     def unsubscribe(self, room: str) -> None:
         """Every room is local; nothing to do."""
 
-    def publish(self, message: Message) -> None:
-        """Deliver to the local room now."""
-        self._deliver(message)
+    def members(self, room: str) -> Collection[str]:
+        """No other process holds anyone."""
+        return ()
+
+    def presence_changed(self, room: str, user: str) -> None:
+        """No other process to tell."""
+
+    def stats(self) -> dict[str, Any]:
+        """Nothing to count."""
+        return {}
 
     async def close(self) -> None:
         """Nothing to disconnect."""

@@ -47,17 +47,16 @@ import contextlib
 import logging
 import random
 from collections import deque
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Collection, Coroutine
 from typing import Any, Final
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from chat_server.broker.base import Broker, Deliver
-from chat_server.broker.feed import Announce, Jumped, RoomFeed
+from chat_server.broker.base import Broker, BrokerListener
+from chat_server.broker.feed import RoomFeed
 from chat_server.errors import BrokerUnavailable
-from chat_server.messages import Message
 from chat_server.store.redis import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -188,12 +187,14 @@ class _Room:
 class RedisBroker(Broker):
     """One process' side of the shared rooms: subscriptions, ordered delivery and presence.
 
-    ``deliver`` gets each message of a subscribed room once, in ``seq`` order;
-    ``jumped`` hears when a room's ``last_seq`` moved without a delivery (trimmed
-    history); ``announce`` hears each change of a room's shared member set;
-    ``local_users`` returns the users this process holds in a room, and
-    ``local_rooms`` every room with theirs (the truth presence writes converge to).
+    Reports to the :class:`~chat_server.broker.base.BrokerListener` given to
+    :meth:`report_to`: ``delivered`` gets each message of a subscribed room once, in
+    ``seq`` order; ``jumped`` hears when a room's ``last_seq`` moved without a delivery
+    (trimmed history); ``announce`` hears each change of a room's shared member set;
+    ``local_users`` and ``local_rooms`` are the truth presence writes converge to.
     """
+
+    delivers_commits = True
 
     def __init__(
         self,
@@ -201,21 +202,12 @@ class RedisBroker(Broker):
         client: Redis,
         worker: str,
         lease_s: float,
-        deliver: Deliver,
-        jumped: Jumped,
-        announce: Announce,
-        local_users: Callable[[str], Collection[str]],
-        local_rooms: Callable[[], dict[str, Collection[str]]],
     ) -> None:
         self._client = client
         self._worker = worker
         self._lease_ms = int(lease_s * 1000)
         self._heartbeat_s = lease_s / 3
-        self._deliver = deliver
-        self._jumped = jumped
-        self._announce = announce
-        self._local_users = local_users
-        self._local_rooms = local_rooms
+        self._reports: BrokerListener | None = None
         self._rooms: dict[str, _Room] = {}
         self._pubsub: PubSub | None = None
         self._connected = False
@@ -233,6 +225,10 @@ class RedisBroker(Broker):
         self.reconnects = 0
 
     # ---- life cycle ------------------------------------------------------------------
+
+    def report_to(self, listener: BrokerListener) -> None:
+        """Report deliveries, jumps and presence to ``listener`` (before :meth:`start`)."""
+        self._reports = listener
 
     async def start(self) -> None:
         """Take this process' lease and start the listener; BrokerUnavailable if unreachable."""
@@ -287,7 +283,8 @@ class RedisBroker(Broker):
             if not self._connected:
                 raise BrokerUnavailable("Redis pub/sub is reconnecting")
             loop = asyncio.get_running_loop()
-            feed = RoomFeed(room, self._deliver, self._jumped, self._announce)
+            reports = self._listening()
+            feed = RoomFeed(room, reports.delivered, reports.jumped, reports.announce)
             entry = self._rooms[room] = _Room(feed, loop.create_future())
             self._spawn(self._open(entry), f"chat-broker-open-{room}")
         entry.waiters += 1
@@ -339,9 +336,10 @@ class RedisBroker(Broker):
         self._presence_queue[(room, user)] = None
         self._presence_wakeup.set()
 
-    def publish(self, message: Message) -> None:
-        """Not used: the history store's commit script publishes (see the module docstring)."""
-        raise NotImplementedError("with BROKER=redis the history store publishes on commit")
+    def _listening(self) -> BrokerListener:
+        if self._reports is None:
+            raise RuntimeError("RedisBroker.report_to() was not called before use")
+        return self._reports
 
     def stats(self) -> dict[str, Any]:
         """Counters for /stats."""
@@ -634,7 +632,7 @@ class RedisBroker(Broker):
     async def _write_changes(self, changes: list[tuple[str, str]]) -> None:
         pipe = self._client.pipeline(transaction=False)
         for room, user in changes:
-            mode = "+" if user in self._local_users(room) else "-"
+            mode = "+" if user in self._listening().local_users(room) else "-"
             await self._presence_script(
                 keys=[LEASES_KEY], args=[*_TEMPLATES, self._worker, room, mode, user], client=pipe
             )
@@ -642,7 +640,7 @@ class RedisBroker(Broker):
 
     async def _write_all_presence(self) -> None:
         """Make Redis hold exactly this process' local presence, in every room."""
-        local = self._local_rooms()
+        local = self._listening().local_rooms()
         held = await self._client.smembers(ROOMS_KEY % self._worker)
         rooms = set(local) | {room.decode() for room in held}
         pipe = self._client.pipeline(transaction=False)

@@ -10,13 +10,18 @@ escape.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from chat_server.messages import ClientMessage, ServerMessage
 
 
-class Codec(ABC):
-    """One serializer. Subclasses set the class attributes below."""
+class Codec:
+    """One serializer: three class attributes and four functions.
+
+    A subclass sets the class attributes and provides the four functions, as methods
+    or as plain functions bound in its ``__init__`` (the JSON codecs build closures
+    over their parser once, so the per-frame path does no method binding).
+    """
 
     #: the ``SERIALIZER`` value, also sent in ``welcome.codec``
     name: str
@@ -25,23 +30,14 @@ class Codec(ABC):
     #: True: frames are binary (protobuf); False: frames are UTF-8 text (JSON)
     binary: bool
 
-    @abstractmethod
-    def decode_client(self, frame: bytes | str) -> ClientMessage:
-        """Turn one received frame into a client message, or raise ``CodecError``.
-
-        A ``str`` is a text frame, ``bytes`` a binary frame; the wrong one for this
-        codec is ``unsupported``; anything undecodable, an unknown kind, a missing
-        or mistyped field is ``bad_request``.
-        """
-
-    @abstractmethod
-    def encode_server(self, message: ServerMessage) -> bytes:
-        """Return the frame payload for a server message (UTF-8 JSON or protobuf)."""
-
-    @abstractmethod
-    def decode_server(self, frame: bytes | str) -> ServerMessage:
-        """Client side: turn a received frame into a server message, or raise ``CodecError``."""
-
-    @abstractmethod
-    def encode_client(self, message: ClientMessage) -> bytes:
-        """Client side: return the frame payload for a client message."""
+    #: turn one received frame into a client message, or raise ``CodecError``: a ``str``
+    #: is a text frame, ``bytes`` a binary frame; the wrong one for this codec is
+    #: ``unsupported``; anything undecodable, an unknown kind, a missing or mistyped
+    #: field is ``bad_request``
+    decode_client: Callable[[bytes | str], ClientMessage]
+    #: the frame payload for a server message (UTF-8 JSON or protobuf)
+    encode_server: Callable[[ServerMessage], bytes]
+    #: client side: turn a received frame into a server message, or raise ``CodecError``
+    decode_server: Callable[[bytes | str], ServerMessage]
+    #: client side: the frame payload for a client message
+    encode_client: Callable[[ClientMessage], bytes]

@@ -20,10 +20,8 @@ from chat_server.messages import (
     CLIENT_KINDS,
     SERVER_KINDS,
     Ack,
-    ClientMessage,
     Message,
     Send,
-    ServerMessage,
 )
 
 #: the longest ``ref`` an error frame echoes back (the contract's limit for ``ref``)
@@ -267,26 +265,10 @@ class JsonFormCodec(Codec):
         # the per-message functions are closures over this codec's parser and dumper,
         # bound once here: no method binding or attribute lookup per frame
         loads, dumps = type(self)._loads, type(self)._dumps
-        self.decode_client = _json_decoder(CLIENT_KINDS, loads)  # type: ignore[method-assign]
-        self.decode_server = _json_decoder(SERVER_KINDS, loads)  # type: ignore[method-assign]
-        self.encode_server = _json_encoder(_SERVER_DICTS, dumps)  # type: ignore[method-assign]
-        self.encode_client = _json_encoder(_CLIENT_DICTS, dumps)  # type: ignore[method-assign]
-
-    def decode_client(self, frame: bytes | str) -> ClientMessage:
-        """Turn a text frame into a client message, or raise ``CodecError``."""
-        return self.decode_client(frame)  # replaced in __init__
-
-    def decode_server(self, frame: bytes | str) -> ServerMessage:
-        """Client side: turn a text frame into a server message, or raise ``CodecError``."""
-        return self.decode_server(frame)  # replaced in __init__
-
-    def encode_server(self, message: ServerMessage) -> bytes:
-        """Return the UTF-8 JSON of a server message, exactly the contract's form."""
-        return self.encode_server(message)  # replaced in __init__
-
-    def encode_client(self, message: ClientMessage) -> bytes:
-        """Client side: return the UTF-8 JSON of a client message."""
-        return self.encode_client(message)  # replaced in __init__
+        self.decode_client = _json_decoder(CLIENT_KINDS, loads)
+        self.decode_server = _json_decoder(SERVER_KINDS, loads)
+        self.encode_server = _json_encoder(_SERVER_DICTS, dumps)
+        self.encode_client = _json_encoder(_CLIENT_DICTS, dumps)
 
 
 # ---- the standard library codec ----------------------------------------------

@@ -57,17 +57,17 @@ CLOSE_POLICY_VIOLATION = 1008
 
 
 class Session:
-    """One connection's state: its user, rooms, rate-limit bucket and error count."""
+    """One connection's state: its user, rooms, rate-limit allowance and error count."""
 
     __slots__ = (
         "close",
         "closed",
         "errors",
         "limited_at",
+        "rate_allowance",
         "rooms",
         "send",
         "stamp",
-        "tokens",
         "user",
     )
 
@@ -77,10 +77,11 @@ class Session:
         self.user = user
         self.send = send
         self.close = close
-        #: room name -> True when live, False while replaying
-        self.rooms: dict[str, bool] = {}
+        #: the rooms joined, live or replaying (the :class:`Room` knows which)
+        self.rooms: set[str] = set()
         self.errors = 0
-        self.tokens = float(burst)
+        #: the rate limit's bucket: frames this session may still send now (a float)
+        self.rate_allowance = float(burst)
         self.stamp = now
         self.limited_at: deque[float] = deque(maxlen=burst)
         self.closed = False
@@ -163,15 +164,15 @@ class ChatCore:
 
     # ---- rate limit and errors -------------------------------------------------------
 
-    def take_token(self, session: Session, now: float) -> bool:
-        """Draw one token from the session's bucket; False when it is empty."""
-        tokens = session.tokens + (now - session.stamp) * self.rate
-        tokens = min(tokens, self.burst)
+    def allow_frame(self, session: Session, now: float) -> bool:
+        """Spend one frame of the session's rate allowance; False when none is left."""
+        allowance = session.rate_allowance + (now - session.stamp) * self.rate
+        allowance = min(allowance, self.burst)
         session.stamp = now
-        if tokens >= 1.0:
-            session.tokens = tokens - 1.0
+        if allowance >= 1.0:
+            session.rate_allowance = allowance - 1.0
             return True
-        session.tokens = tokens
+        session.rate_allowance = allowance
         return False
 
     def rate_limited(self, session: Session, now: float, ref: str | None = None) -> None:
@@ -230,11 +231,10 @@ class ChatCore:
             room=room_name, members=self._members(room), last_seq=self.last_seq(room_name)
         )
         session.send(self.encode(joined))
+        session.rooms.add(room_name)
         if replay:
-            session.rooms[room_name] = False
             room.replaying.add(session)
         else:
-            session.rooms[room_name] = True
             room.live[session] = session.send
         return replay
 
@@ -251,7 +251,6 @@ class ChatCore:
             return False
         room.replaying.discard(session)
         room.live[session] = session.send
-        session.rooms[room_name] = True
         return True
 
     def leave(self, session: Session, message: Leave) -> None:
@@ -262,7 +261,7 @@ class ChatCore:
         self._remove_member(session, message.room)
 
     def _remove_member(self, session: Session, room_name: str) -> None:
-        session.rooms.pop(room_name, None)
+        session.rooms.discard(room_name)
         room = self.rooms.get(room_name)
         if room is None:
             return
@@ -322,15 +321,6 @@ class ChatCore:
         for send in room.live.values():
             send(frame)
 
-    def deliver_encoding_per_recipient(self, message: Message) -> None:
-        """REGRESSION=encode_per_recipient: :meth:`deliver` re-encoding for every member."""
-        room = self.rooms.get(message.room)
-        if room is None:
-            return
-        encode = self.encode
-        for send in room.live.values():
-            send(encode(message))
-
     def ack(self, session: Session, message: Message) -> None:
         """Acknowledge a committed message to its sender."""
         if not session.closed:
@@ -347,3 +337,16 @@ class ChatCore:
         limit = history_limit(message.limit)
         check_room(message.room)
         return limit
+
+
+class EncodingPerRecipientCore(ChatCore):
+    """REGRESSION=encode_per_recipient: the core, but a broadcast is encoded per member."""
+
+    def deliver(self, message: Message) -> None:
+        """:meth:`ChatCore.deliver` re-encoding the message for every live member."""
+        room = self.rooms.get(message.room)
+        if room is None:
+            return
+        encode = self.encode
+        for send in room.live.values():
+            send(encode(message))

@@ -72,8 +72,9 @@ class BatchLedger:
     fails) and then wakes the :meth:`flush` calls whose submissions are all reported.
     """
 
-    def __init__(self, on_batch: BatchCallback) -> None:
-        self._on_batch = on_batch
+    def __init__(self, on_batch: BatchCallback | None = None) -> None:
+        #: where batch outcomes go: the store's owner, set with :meth:`HistoryStore.report_to`
+        self.on_batch: BatchCallback = on_batch or _unreported
         self._submitted = 0
         self._reported = 0
         self._flush_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = (
@@ -104,7 +105,7 @@ class BatchLedger:
         self._max_batch_size = max(self._max_batch_size, size)
         self._batch_sizes[1 << (size.bit_length() - 1)] += 1
         try:
-            self._on_batch(BatchResult(items, error))
+            self.on_batch(BatchResult(items, error))
         except Exception:
             logger.exception("history store: on_batch callback failed for a batch of %d", size)
         self._reported += size
@@ -136,8 +137,16 @@ class BatchLedger:
         )
 
 
+def _unreported(result: BatchResult) -> None:
+    raise RuntimeError("a history store reported a batch before report_to() was called")
+
+
 class HistoryStore(ABC):
     """Durable history. All methods are called from the event loop thread."""
+
+    @abstractmethod
+    def report_to(self, on_batch: BatchCallback) -> None:
+        """Report each batch's outcome to ``on_batch``, in commit order (before :meth:`start`)."""
 
     @abstractmethod
     async def start(self) -> None:
@@ -181,12 +190,20 @@ class HistoryStore(ABC):
     async def close(self) -> None:
         """Flush, then release the database; later submits raise ``StoreUnavailable``."""
 
+    def notable(self) -> dict[str, Any]:
+        """The store's slow events for /stats' ``tail`` (none unless the store records them)."""
+        return {}
+
 
 class LedgerStore(HistoryStore):
     """Base of the stores that queue submissions and report batches through a BatchLedger."""
 
     _ledger: BatchLedger
     _queue: Sized
+
+    def report_to(self, on_batch: BatchCallback) -> None:
+        """Report each batch's outcome to ``on_batch``, in commit order (before :meth:`start`)."""
+        self._ledger.on_batch = on_batch
 
     async def flush(self) -> None:
         """Return once all submitted before the call is committed (or failed) and reported."""

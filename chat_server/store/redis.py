@@ -325,7 +325,7 @@ class RedisHistoryStore(LedgerStore):
         *,
         client: Redis,
         writer: str,
-        on_batch: BatchCallback,
+        on_batch: BatchCallback | None = None,
         queue_max: int = 10000,
         batch_max: int = 1000,
         history_max: int = 0,

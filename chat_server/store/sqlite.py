@@ -223,7 +223,7 @@ class SqliteHistoryStore(LedgerStore):
         self,
         *,
         path: str | Path,
-        on_batch: BatchCallback,
+        on_batch: BatchCallback | None = None,
         synchronous: str = "normal",
         queue_max: int = 10000,
         batch_max: int = 1000,

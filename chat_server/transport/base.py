@@ -341,12 +341,12 @@ class Admission:
         service = self.service
         return {
             "connections": service.connections,
-            "rooms": len(service.core.rooms),
+            "rooms": service.room_count,
             "frames_out": self.outbound.frames_out,
-            "errors": dict(service.core.errors_sent),
+            "errors": service.errors_sent(),
             "outbound_bytes": outbound_bytes,
             "slow_consumer_closes": self.outbound.slow_consumer_closes,
-            "store": dataclasses.asdict(service.store.stats()),
+            "store": dataclasses.asdict(service.store_stats()),
         }
 
 

@@ -35,6 +35,7 @@ from websockets.http11 import Request, Response, parse_headers, parse_line
 from websockets.protocol import CONNECTING, OPEN, Event, State
 from websockets.server import ServerProtocol
 
+from chat_server.regressions import Regression
 from chat_server.settings import Settings
 from chat_server.transport.base import (
     CLOSE_GOING_AWAY,
@@ -431,9 +432,8 @@ def _deflate_extensions(settings: Settings) -> list[ServerPerMessageDeflateFacto
     """
     if not settings.ws_deflate:
         return None
-    if settings.regression == "deflate_max_window":
-        return [permessage_deflate(window_bits=15, mem_level=9)]
-    return [permessage_deflate()]
+    window_bits, mem_level = Regression.of(settings).deflate_window()
+    return [permessage_deflate(window_bits=window_bits, mem_level=mem_level)]
 
 
 def _respond(connection: ServerConnection, reply: Reply) -> Response:

@@ -143,9 +143,9 @@ def test_counted_errors_close_1008_but_unavailable_does_not_count():
 def test_token_bucket_refills_and_flood_closes():
     world = World(rate=10, burst=5)
     a, pa = world.connect("alice", now=0.0)
-    assert all(world.core.take_token(a, 0.0) for _ in range(5))
-    assert world.core.take_token(a, 0.0) is False
-    assert world.core.take_token(a, 0.1) is True  # 0.1 s at 10/s: one token
+    assert all(world.core.allow_frame(a, 0.0) for _ in range(5))
+    assert world.core.allow_frame(a, 0.0) is False
+    assert world.core.allow_frame(a, 0.1) is True  # 0.1 s at 10/s: one token
     for i in range(5):
         world.core.rate_limited(a, 0.2 + i * 0.01)
     assert pa.closed is not None and "rate_limited" in pa.closed[1]

@@ -1,4 +1,4 @@
-"""REGRESSION=auth_inline: the chat server also serves ``POST /login``, hashing on its own loop.
+"""The chat server's REGRESSION=auth_inline: ``POST /login`` served on the chat server's loop.
 
 The deliberate mistake the lab measures (the seed report's starting point): a
 second listener on ``AUTH_INLINE_PORT`` in the chat server's process and event
@@ -7,8 +7,9 @@ database and signing tokens with the auth service's key, so every login stalls
 every chat connection for the length of an argon2 verification. Users are
 registered through the auth service first; its settings (``AUTH_DB``,
 ``JWT_PRIVATE_KEY``, argon2 parameters, rate limits) are read from the same
-``.env`` and environment. This module, and with it argon2, is imported only in
-this mode.
+``.env`` and environment. The chat server imports this module by name
+(:func:`chat_server.regressions.load_inline_login`) only in this mode; it imports
+nothing of the chat server, so neither package imports the other.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from auth_service.passwords import Argon2Params, InlinePasswords
 from auth_service.settings import Settings as AuthSettings
 from auth_service.tokens import KeyFiles, read_keys
 from auth_service.users import UserStore
-from chat_server.settings import Settings
 
-log = logging.getLogger("chat_server.inline_auth")
+log = logging.getLogger("chat_server.inline_login")
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -41,8 +41,9 @@ class _EmbeddedServer(uvicorn.Server):
 class InlineLogin:
     """The second listener; :meth:`start` it on the running loop, :meth:`stop` it at shutdown."""
 
-    def __init__(self, settings: Settings, env_file: str | None) -> None:
-        self.settings = settings
+    def __init__(self, host: str, port: int, env_file: str | None) -> None:
+        self.host = host
+        self.port = port
         self.env_file = env_file
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -62,8 +63,8 @@ class InlineLogin:
         api = build_api(auth, passwords, self._users, keyring)
         config = uvicorn.Config(
             create_app(api),
-            host=self.settings.host,
-            port=self.settings.auth_inline_port,
+            host=self.host,
+            port=self.port,
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -75,13 +76,13 @@ class InlineLogin:
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it
-                raise OSError(f"cannot listen on port {self.settings.auth_inline_port}")
+                raise OSError(f"cannot listen on port {self.port}")
             await asyncio.sleep(0.01)
         log.warning(
             "REGRESSION=auth_inline: POST /login on http://%s:%d hashes with argon2 on the "
             "chat server's event loop",
-            self.settings.host,
-            self.settings.auth_inline_port,
+            self.host,
+            self.port,
         )
 
     async def stop(self) -> None:
