@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -218,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except SettingError as exc:
         print(f"chat_server: {exc}", file=sys.stderr)
         return 2
-    seat = WorkerSeat.from_environ(os.environ)
+    seat = WorkerSeat.decode(settings.worker_seat)
     if settings.workers > 1 and seat is None and not args.check:
         from chat_server.supervisor import Supervisor  # noqa: PLC0415
 

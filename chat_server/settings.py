@@ -51,6 +51,16 @@ def _jwt_algorithm(raw: str) -> str:
     return value
 
 
+_WORKER_SEAT = re.compile(r"^\d+(:\d+){4}$")
+
+
+def _worker_seat(raw: str) -> str:
+    value = raw.strip()
+    if value and not _WORKER_SEAT.match(value):
+        raise ValueError("allowed: empty (the supervisor sets it for its workers)")
+    return value
+
+
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -422,6 +432,13 @@ SPECS: tuple[Spec, ...] = (
         choice("debug", "info", "warning", "error"),
         "logging level",
     ),
+    Spec(
+        "CHATLAB_WORKER",
+        "worker_seat",
+        "",
+        _worker_seat,
+        "set by the supervisor for each worker it starts (WORKERS > 1): leave it empty",
+    ),
 )
 
 
@@ -484,6 +501,7 @@ class Settings(SpecSettings):
     ping_interval_s: float
     ping_timeout_s: float
     log_level: str
+    worker_seat: str
 
     def _check_combinations(self) -> None:
         if self.transport == "picows" and self.regression == "deflate_max_window":

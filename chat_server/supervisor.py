@@ -80,7 +80,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Final
@@ -158,9 +157,9 @@ class WorkerSeat:
         )
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> WorkerSeat | None:
-        """The seat in ``CHATLAB_WORKER``, or None when this process is not a worker."""
-        value = environ.get(WORKER_ENV)
+    def decode(cls, value: str) -> WorkerSeat | None:
+        """The seat ``CHATLAB_WORKER`` names (``Settings.worker_seat``), or None when this
+        process is not a worker."""
         if not value:
             return None
         index, listen_fd, ready_fd, supervisor_pid, board_fd = (

@@ -15,13 +15,13 @@ if TYPE_CHECKING:
     from chat_server.auth import TokenVerifier
     from chat_server.codecs.base import Codec
     from chat_server.service import ChatService
-    from chat_server.transport.base import Transport
+    from chat_server.transport.base import ServerTransport
 
 __all__ = ["TransportFactory", "transport_for"]
 
 #: builds a transport: (settings, service, verifier, codec, listening socket or None)
 TransportFactory = Callable[
-    ["Settings", "ChatService", "TokenVerifier", "Codec", "socket.socket | None"], "Transport"
+    ["Settings", "ChatService", "TokenVerifier", "Codec", "socket.socket | None"], "ServerTransport"
 ]
 
 

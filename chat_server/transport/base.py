@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import struct
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -51,31 +52,9 @@ WS_PATH = "/ws"
 PACED_HIGH_WATER_BYTES = 2**15
 
 
-class Transport(Protocol):
-    """A running websocket server."""
-
-    async def start(self) -> None:
-        """Listen; raise OSError if the address cannot be bound."""
-
-    @property
-    def port(self) -> int:
-        """The port actually bound."""
-
-    def stop_accepting(self) -> None:
-        """Stop accepting connections; open ones stay."""
-
-    async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
-        """Close every connection with ``code`` and wait until they are gone."""
-
-    def stats_snapshot(self) -> dict[str, Any]:
-        """Counters of the service and of the transport's outbound accounting."""
-
-    def metrics_snapshot(self) -> dict[str, Any]:
-        """What the metrics collector reads at scrape time."""
-
-
-class ServerTransport:
-    """What every transport holds: the service, the shared admission and outbound counters.
+class ServerTransport(ABC):
+    """A websocket server: the one seam both transports keep, and what each holds (the
+    service, the shared admission and outbound counters).
 
     Subclasses listen where :meth:`listen_on` says and answer HTTP requests with
     :attr:`admission`'s decisions, ``X-Chatlab-Worker: <worker>`` on each.
@@ -108,9 +87,26 @@ class ServerTransport:
             return {"host": self.settings.host, "port": self.settings.port}
         return {"sock": self._listen_socket}
 
-    def stats_snapshot(self) -> dict[str, Any]:
-        """The service's counters plus the transport's outbound accounting."""
-        return self.admission.stats_snapshot()
+    @abstractmethod
+    async def start(self) -> None:
+        """Listen; raise OSError if the address cannot be bound."""
+
+    @property
+    @abstractmethod
+    def port(self) -> int:
+        """The port actually bound."""
+
+    @abstractmethod
+    def stop_accepting(self) -> None:
+        """Stop accepting connections; open ones stay."""
+
+    @abstractmethod
+    async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
+        """Close every connection with ``code`` and wait until they are gone."""
+
+    @abstractmethod
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What the metrics collector reads at scrape time."""
 
 
 class Corked(Protocol):
