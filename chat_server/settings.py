@@ -137,7 +137,8 @@ SPECS: tuple[Spec, ...] = (
         "broker",
         "memory",
         choice("memory", "redis"),
-        "fan-out between processes: memory (one process) or redis (history in Redis too)",
+        "the backend of fan-out AND history: memory (one process; SQLite history at CHAT_DB)"
+        " or redis (many processes; pub/sub fan-out and Redis Streams history)",
     ),
     Spec(
         "REDIS_URL",

@@ -104,7 +104,8 @@ def _shared_service(
     """BROKER=redis: Redis history and broker on one client, and the shared rooms' rules."""
     # imported only when chosen: the redis client is not loaded for one process
     from chat_server.broker.redis import RedisBroker  # noqa: PLC0415
-    from chat_server.store.redis import RedisHistoryStore, connect_redis  # noqa: PLC0415
+    from chat_server.redis_rooms import connect_redis  # noqa: PLC0415
+    from chat_server.store.redis import RedisHistoryStore  # noqa: PLC0415
 
     client = connect_redis(settings.redis_url)
     store = RedisHistoryStore(

@@ -57,7 +57,7 @@ from redis.exceptions import RedisError
 from chat_server.broker.base import Broker, BrokerListener
 from chat_server.broker.feed import RoomFeed
 from chat_server.errors import BrokerUnavailable
-from chat_server.store.redis import (
+from chat_server.redis_rooms import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
     CLOSE_WAIT_S,

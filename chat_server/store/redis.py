@@ -3,24 +3,8 @@
 With ``BROKER=redis`` this store replaces SQLite, on one Redis (a primary, with
 replicas if wanted; not Redis Cluster: the presence scripts touch keys of several
 rooms). Give it ``maxmemory-policy noeviction``: evicting a stream loses history
-(a lost ``seq`` key alone is recovered from its stream's last ID). Each room has
-these keys (the ``{room}`` hash tag keeps them in one slot):
-
-``chat:{room}:seq``
-    the room's last ``seq``;
-``chat:{room}:log``
-    a stream holding the room's messages, entry ID ``<seq>-0``, so ``XRANGE``
-    and ``XREVRANGE`` select by ``seq`` and ``XTRIM MINID`` keeps the newest
-    ``HISTORY_MAX`` exactly; one field ``m``, the message as a JSON array
-    ``[user, body, ts, ref]``;
-``chat:{room}:commit:<writer>``
-    the last batch this process committed to the room (``"<batch> <first seq>"``,
-    expiring after a day): it makes each batch run at most once (see Outages);
-``chat:{room}:ref:<user> <ref>``
-    a send with a ``ref``: ``"<body digest> <seq>"``, expiring after
-    ``SEND_REF_WINDOW_S``. The commit script answers a send with the same user,
-    room, ref and body by that ``seq`` and neither stores nor publishes it again, so
-    a retry is stored once whichever process takes it (idempotent sends).
+(a lost ``seq`` key alone is recovered from its stream's last ID). Each room's keys,
+channel and stored entries are laid out by :mod:`chat_server.redis_rooms`.
 
 **One atomic step.** A batch from the group commit becomes one pipeline holding
 one ``EVALSHA`` per room; the script (:data:`COMMIT_SCRIPT`) numbers the
@@ -62,10 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-import msgspec
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import (
     BusyLoadingError,
     MasterDownError,
@@ -75,36 +56,33 @@ from redis.exceptions import (
     RedisError,
     TryAgainError,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
+from chat_server.redis_rooms import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    CLOSE_WAIT_S,
+    CONNECTION_ERRORS,
+    Entry,
+    commit_key,
+    encode_entry,
+    raise_if_cancelled,
+    room_channel,
+    send_ref_prefix,
+    seq_key,
+    stream_key,
+    stream_messages,
+)
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore
 from chat_server.tail import COMMIT_BUCKETS_S, PlainHistogram
 
-__all__ = [
-    "COMMIT_SCRIPT",
-    "Entry",
-    "RedisHistoryStore",
-    "connect_redis",
-    "decode_published",
-    "raise_if_cancelled",
-    "read_range",
-    "room_channel",
-]
+__all__ = ["COMMIT_SCRIPT", "RedisHistoryStore"]
 
 log = logging.getLogger("chat_server.store")
 
 #: how long a batch whose reply was lost waits for Redis to come back and settle it
 IN_DOUBT_WAIT_S: Final = 10.0
-#: bounds of the reconnect backoff (seconds, doubled with jitter after each failure)
-BACKOFF_MIN_S: Final = 0.05
-BACKOFF_MAX_S: Final = 1.0
-#: how long closing waits for a background task to end after cancelling it
-CLOSE_WAIT_S: Final = 2.0
-#: connection errors: the request may or may not have reached Redis
-CONNECTION_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 #: replies saying Redis did not run a command but may later (answered ``unavailable``)
 TRANSIENT_ERRORS: Final = (
     BusyLoadingError,
@@ -191,36 +169,6 @@ return reply
 """
 
 
-class Entry(msgspec.Struct, array_like=True):
-    """A stored message without its room and seq: ``[user, body, ts, ref]``."""
-
-    user: str
-    body: str
-    ts: int
-    ref: str | None = None
-
-
-_encode_entry = msgspec.json.Encoder().encode
-_decode_entry = msgspec.json.Decoder(Entry).decode
-_decode_entries = msgspec.json.Decoder(list[Entry]).decode
-
-
-def seq_key(room: str) -> str:
-    """The key holding ``room``'s last seq."""
-    return f"chat:{{{room}}}:seq"
-
-
-def stream_key(room: str) -> str:
-    """The stream holding ``room``'s messages."""
-    return f"chat:{{{room}}}:log"
-
-
-def send_ref_prefix(room: str) -> str:
-    """The prefix of ``room``'s send-ref keys: ``<prefix><user> <ref>`` holds
-    ``"<body digest> <seq>"`` for ``SEND_REF_WINDOW_S`` (idempotent sends)."""
-    return f"chat:{{{room}}}:ref:"
-
-
 def _send_ref(message: Message) -> str:
     """What the commit script keys a send with a ref by: ``"<user> <ref> <body digest>"``."""
     if message.ref is None:
@@ -237,73 +185,6 @@ def _parse_answer(answer: bytes | str | int) -> tuple[int, dict[int, int]]:
     return int(first), {
         int(index): int(seq) for index, seq in (repeat.split(":") for repeat in repeats)
     }
-
-
-def commit_key(room: str, writer: str) -> str:
-    """The marker of ``writer``'s last commit to ``room``."""
-    return f"chat:{{{room}}}:commit:{writer}"
-
-
-def room_channel(room: str) -> str:
-    """The pub/sub channel of ``room``: committed messages and presence changes."""
-    return f"chat:{{{room}}}"
-
-
-def channel_room(channel: bytes) -> str:
-    """The room of a channel named by :func:`room_channel`."""
-    return channel[6:-1].decode()
-
-
-def decode_published(room: str, data: bytes) -> list[Message]:
-    """The messages of a ``M<first seq> [entry, ...]`` payload published by the commit script."""
-    head, _, body = data.partition(b" ")
-    seq = int(head[1:])
-    return [
-        Message(room=room, seq=seq + i, user=e.user, body=e.body, ts=e.ts, ref=e.ref)
-        for i, e in enumerate(_decode_entries(body))
-    ]
-
-
-def _stream_messages(room: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Message]:
-    """Turn ``XRANGE`` entries (ID ``<seq>-0``, field ``m``) into messages of ``room``."""
-    messages = []
-    for entry_id, fields in entries:
-        e = _decode_entry(fields[b"m"])
-        seq = int(entry_id.partition(b"-")[0])
-        messages.append(Message(room=room, seq=seq, user=e.user, body=e.body, ts=e.ts, ref=e.ref))
-    return messages
-
-
-def raise_if_cancelled() -> None:
-    """Raise CancelledError if this task was cancelled and the cancellation got lost.
-
-    redis-py can swallow a cancellation that lands inside a pipeline's clean-up
-    and return normally; a loop that goes on to wait again would then never end.
-    Long-lived loops call this before each wait.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-def connect_redis(url: str) -> Redis:
-    """A client for ``url`` that never retries by itself (a retried write could run twice)."""
-    return Redis.from_url(
-        url,
-        retry=Retry(NoBackoff(), 0),
-        socket_connect_timeout=2,
-        socket_timeout=5,
-        health_check_interval=10,
-    )
-
-
-async def read_range(client: Redis, room: str, after: int, upto: int, count: int) -> list[Message]:
-    """Up to ``count`` stored messages with ``after < seq <= upto``, ascending."""
-    if upto <= after:
-        return []
-    start = "-" if after < 0 else str(after + 1)
-    entries = await client.xrange(stream_key(room), start, str(upto), count=count)
-    return _stream_messages(room, entries)
 
 
 _Item = tuple[Message, Any]
@@ -491,7 +372,7 @@ class RedisHistoryStore(LedgerStore):
                     token,
                     self._history_max,
                     self._send_ref_window,
-                    *[_encode_entry(_entry(message)) for message, _ in items],
+                    *[encode_entry(_entry(message)) for message, _ in items],
                     *[_send_ref(message) for message, _ in items],
                 )
             replies = await pipe.execute(raise_on_error=False)
@@ -594,7 +475,7 @@ class RedisHistoryStore(LedgerStore):
             lambda: self._client.xrevrange(stream_key(room), end, "-", count=limit)
         )
         entries.reverse()
-        return _stream_messages(room, entries)
+        return stream_messages(room, entries)
 
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
@@ -604,7 +485,7 @@ class RedisHistoryStore(LedgerStore):
         entries = await self._read(
             lambda: self._client.xrange(stream_key(room), start, "+", count=limit)
         )
-        return _stream_messages(room, entries)
+        return stream_messages(room, entries)
 
 
 def _entry(message: Message) -> Entry:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from websockets.exceptions import ConnectionClosed
 
 from chat_server.messages import Ack, Error, Message, Presence, Welcome
-from chat_server.store.redis import connect_redis, read_range
+from chat_server.redis_rooms import connect_redis, read_range
 from tests.support import Client, KeyPair, ServerProcess, note_answer, stored_history
 
 NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}

@@ -11,8 +11,9 @@ from redis.exceptions import ResponseError
 
 from chat_server.errors import StoreUnavailable
 from chat_server.messages import Message
+from chat_server.redis_rooms import connect_redis
 from chat_server.store.base import BatchResult
-from chat_server.store.redis import COMMIT_SCRIPT, RedisHistoryStore, connect_redis
+from chat_server.store.redis import COMMIT_SCRIPT, RedisHistoryStore
 from tests.support import RedisProcess
 
 StoreFactory = Callable[..., Awaitable[tuple[RedisHistoryStore, list[BatchResult]]]]
