@@ -1,11 +1,11 @@
 """The lab report: ``report.md``, a self-contained ``report.html`` and PNGs from a Results.
 
-Both documents are rendered from the same blocks (headings, paragraphs, tables, images),
-so they always hold the same figures; the HTML has its CSS inline and every image as a
-``data:`` URI, so it opens offline and can be mailed as one file. Every figure names
-the driver that measured it; medians are over repeats, with their min-max spread; a
-ratio to the baseline within the A/A noise floor or the repeats' spread reads
-"≈ no difference". Re-render a saved run::
+Both documents are rendered by Jinja2 templates (``templates/``) from the same blocks
+(headings, paragraphs, tables, images), so they always hold the same figures; the HTML
+has its CSS inline and every image as a ``data:`` URI, so it opens offline and can be
+mailed as one file. Every figure names the driver that measured it; medians are over
+repeats, with their min-max spread; a ratio to the baseline within the A/A noise floor or
+the repeats' spread reads "≈ no difference". Re-render a saved run::
 
     python -m bench.lab.report reports/<time>-<matrix>/results.json [--out DIR]
 """

@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.lab.plots import config_names
 from bench.lab.report.formatting import EMPTY, slug, value_text
-from bench.lab.report.model import Block, Heading, Image, Markdown, Para, Table
+from bench.lab.report.model import Block, Code, Heading, Image, Para, Table, pipe_table
 from bench.lab.report.prometheus import metric_cells
 from bench.lab.results import Results
 
@@ -125,7 +125,8 @@ def profile_blocks(results: Results, out_dir: Path, profiles_dir: Path) -> list[
                 )
             for order in ("cumulative", "own"):
                 blocks.append(Para(f"Top {TOP_FUNCTIONS} functions by {order} time:"))
-                blocks.append(Markdown(profiles.markdown_table(top.get(order, []))))
+                table = profiles.markdown_table(top.get(order, []))
+                blocks.append(pipe_table(table) or Code(table))
             png = profiles.call_graph_png(found, out_dir / "plots" / f"profile-{slug(config)}.png")
         except Exception as exc:  # a bad snapshot must not cost the rest of the report
             logger.warning("profiles of %s could not be read", config, exc_info=True)
