@@ -487,19 +487,25 @@ def test_summary_table_names_the_driver_and_the_verdicts():
     assert LIMITED_NOTE in text
 
 
+def _report_cli(*args: str, cwd: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.lab.report ARGS`` run in ``cwd`` with the repository importable."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.lab.report", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 def test_cli_rerenders_a_saved_results_json(tmp_path: Path):
     saved = tmp_path / "run" / "results.json"
     saved.parent.mkdir()
     _results().save(saved)
     out = tmp_path / "again"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.lab.report", str(saved), "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = _report_cli(str(saved), "--out", str(out), cwd=ROOT, timeout_s=300)
     assert result.returncode == 0, result.stderr
     assert "rate 2000/s (medians)" in result.stdout
     md = (out / "report.md").read_text()
@@ -508,24 +514,12 @@ def test_cli_rerenders_a_saved_results_json(tmp_path: Path):
     assert (out / "plots" / "cpu.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
-def test_cli_help_and_a_missing_file(tmp_path: Path):
-    help_text = subprocess.run(
-        [sys.executable, "-m", "bench.lab.report", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert help_text.returncode == 0 and "RESULTS_JSON" in help_text.stdout.upper()
-    missing = subprocess.run(
-        [sys.executable, "-m", "bench.lab.report", str(tmp_path / "nope.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def test_cli_help_outside_the_repository_and_a_missing_file(tmp_path: Path):
+    # from another directory: the templates are found beside the package, not in the cwd
+    help_text = _report_cli("--help", cwd=tmp_path)
+    assert help_text.returncode == 0, help_text.stderr
+    assert "RESULTS_JSON" in help_text.stdout.upper() and "--out" in help_text.stdout
+    missing = _report_cli(str(tmp_path / "nope.json"), cwd=tmp_path)
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
@@ -645,19 +639,3 @@ def test_every_public_name_of_the_package_imports():
         assert getattr(bench.lab.report, name) is not None, name
     with pytest.raises(AttributeError):
         _ = bench.lab.report.no_such_name
-
-
-def test_cli_help_exits_0_outside_the_repository(tmp_path: Path):
-    # the templates are found beside the package, not from the working directory
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.lab.report", "--help"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "--out" in result.stdout
