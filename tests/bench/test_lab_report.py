@@ -3,17 +3,21 @@ an HTML page that stands alone (and renders in a real browser), and the CLI re-r
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 import types
 from dataclasses import replace
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from bench.lab.report import metric_cells, summary_table, write_report
+import bench.lab.report
+from bench.lab.report import metric_cells, summary_table, to_html, to_markdown, write_report
+from bench.lab.report.model import Code, Heading, Table
 from bench.lab.results import Results, Run, Sample, Step, TimePoint
 from chatlab.harness import ROOT
 from tests.support import CHROMIUM, chromium_dom
@@ -483,19 +487,25 @@ def test_summary_table_names_the_driver_and_the_verdicts():
     assert LIMITED_NOTE in text
 
 
+def _report_cli(*args: str, cwd: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.lab.report ARGS`` run in ``cwd`` with the repository importable."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench.lab.report", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 def test_cli_rerenders_a_saved_results_json(tmp_path: Path):
     saved = tmp_path / "run" / "results.json"
     saved.parent.mkdir()
     _results().save(saved)
     out = tmp_path / "again"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.lab.report", str(saved), "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = _report_cli(str(saved), "--out", str(out), cwd=ROOT, timeout_s=300)
     assert result.returncode == 0, result.stderr
     assert "rate 2000/s (medians)" in result.stdout
     md = (out / "report.md").read_text()
@@ -504,24 +514,12 @@ def test_cli_rerenders_a_saved_results_json(tmp_path: Path):
     assert (out / "plots" / "cpu.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
-def test_cli_help_and_a_missing_file(tmp_path: Path):
-    help_text = subprocess.run(
-        [sys.executable, "-m", "bench.lab.report", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert help_text.returncode == 0 and "RESULTS_JSON" in help_text.stdout.upper()
-    missing = subprocess.run(
-        [sys.executable, "-m", "bench.lab.report", str(tmp_path / "nope.json")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def test_cli_help_outside_the_repository_and_a_missing_file(tmp_path: Path):
+    # from another directory: the templates are found beside the package, not in the cwd
+    help_text = _report_cli("--help", cwd=tmp_path)
+    assert help_text.returncode == 0, help_text.stderr
+    assert "RESULTS_JSON" in help_text.stdout.upper() and "--out" in help_text.stdout
+    missing = _report_cli(str(tmp_path / "nope.json"), cwd=tmp_path)
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
@@ -546,3 +544,98 @@ def test_metric_cells_fold_histograms_and_labels():
         "chat_outbound_buffer_bytes": "1,536",
         "chat_slow_consumer_closes": "0",
     }
+
+
+#: a name a configuration or a matrix could carry, that must stay text in the page
+SCRIPT_NAME = '<script>alert("name")</script>'
+
+
+def test_a_name_with_markup_is_escaped_in_the_html_and_literal_in_the_markdown(tmp_path: Path):
+    results = _results()
+    results.matrix = SCRIPT_NAME
+    results.configs[SCRIPT_NAME] = results.configs.pop(SLOW)
+    for run in results.runs:
+        if run.config == SLOW:
+            run.config = SCRIPT_NAME
+    md_path, html_path = write_report(results, tmp_path)
+    md, page = md_path.read_text(), html_path.read_text()
+    assert md.startswith(f"# Lab report: {SCRIPT_NAME}\n")
+    assert f"| {SCRIPT_NAME} |" in md
+    assert SCRIPT_NAME not in page
+    assert page.count("<script>") == 1  # the page's own, that counts the loaded images
+    escaped = "&lt;script&gt;alert(&#34;name&#34;)&lt;/script&gt;"
+    assert f"<title>Lab report: {escaped}</title>" in page
+    assert f"<td>{escaped}</td>" in page
+
+
+def _markdown_tables(md: str) -> list[list[list[str]]]:
+    """Every pipe table's rows of cells, without the alignment row; code spans as text."""
+    tables: list[list[list[str]]] = []
+    for chunk in md.split("\n\n"):
+        lines = chunk.strip().splitlines()
+        if not lines or not all(line.startswith("|") for line in lines):
+            continue
+        rows = [lines[0], *lines[2:]]
+        cells = [re.split(r"(?<!\\)\|", row.strip()[1:-1]) for row in rows]
+        tables.append([[c.strip().replace("\\|", "|").strip("`") for c in row] for row in cells])
+    return tables
+
+
+class _HtmlTables(HTMLParser):
+    """Every <table>'s rows of cell texts, entities decoded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_markdown_and_html_hold_the_same_tables(report: tuple[Path, str, str]):
+    _, md, page = report
+    parser = _HtmlTables()
+    parser.feed(page)
+    tables = _markdown_tables(md)
+    assert len(tables) >= 10 and any("16.5 (15.0\u201318.0)" in row for t in tables for row in t)
+    assert parser.tables == tables
+
+
+def test_markdown_cells_escape_pipes_and_html_cells_show_code_spans():
+    blocks = [
+        Heading(2, "a <b>"),
+        Table(["name", "value"], [["`f(a|b)`", "x | y"], ["plain", "z"]]),
+        Code("x < y"),
+    ]
+    md = to_markdown(blocks)
+    assert md == (
+        "## a <b>\n\n| name | value |\n|---|---|\n| `f(a\\|b)` | x \\| y |\n"
+        "| plain | z |\n\n```\nx < y\n```\n"
+    )
+    page = to_html(blocks, "t & u")
+    assert "<title>t &amp; u</title>" in page
+    assert "<h2>a &lt;b&gt;</h2>" in page
+    assert "<td><code>f(a|b)</code></td><td>x | y</td>" in page
+    assert "<pre>x &lt; y</pre>" in page
+
+
+def test_every_public_name_of_the_package_imports():
+    for name in bench.lab.report.__all__:
+        assert getattr(bench.lab.report, name) is not None, name
+    with pytest.raises(AttributeError):
+        _ = bench.lab.report.no_such_name

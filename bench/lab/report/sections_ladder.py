@@ -1,0 +1,242 @@
+"""The report's sections on climbs: the findings it opens with, the capacity ladder of
+knees with its sweep over connection counts, and why the tail moved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.lab.ladder import RESOLUTION, Comparison, Rung, by_connections, compare, findings, ladder
+from bench.lab.plots import Plot, server_tail
+from bench.lab.report.formatting import DASH, EMPTY, GENERATOR_LIMITED, num, slug
+from bench.lab.report.model import Block, Bullets, Heading, Image, Para, Table
+from bench.lab.results import HEADLINE_SLO_MS, Results
+from bench.lab.tailwatch import likely_cause
+
+
+def findings_blocks(results: Results, plots: list[Plot], out_dir: Path) -> list[Block]:
+    """The sentences the report opens with, and the capacity-ladder chart under them."""
+    found = ladder(results)
+    if found is None:
+        return []
+    blocks: list[Block] = [Heading(2, "Findings"), Bullets(findings(found))]
+    chart = next((p for p in plots if p.name == "ladder" and p.path is not None), None)
+    if chart is not None and chart.path is not None:
+        blocks.append(Image(chart.path, chart.path.relative_to(out_dir).as_posix(), chart.title))
+    return blocks
+
+
+def ladder_blocks(results: Results) -> list[Block]:
+    """Every climbed configuration: its knees, its multiples of the baseline and of the
+    relays with their verdicts, the shape it was measured at, and its climb's steps."""
+    found = ladder(results)
+    if found is None:
+        return []
+    blocks: list[Block] = [
+        Heading(2, "Capacity ladder"),
+        Para(
+            "Each configuration's knee: the highest delivered messages/s whose fan-out p99 "
+            "stayed under the SLO with nothing lost, found by the fast driver's climb "
+            "(multiply the offered rate while it holds, then bisect to within "
+            f"{RESOLUTION * 100:.0f} %). A difference is claimed only when it holds in every "
+            f"repeat and exceeds the noise floor, here ±{found.floor * 100:.1f} % "
+            f'({found.floor_source}); otherwise it reads "not confirmed" with the reason. '
+            "\u2265 marks a knee that is only a lower bound (the driver was the limit, or "
+            "nothing broke up to the climb's top rate)."
+        ),
+    ]
+    relays = found.relays
+    header = ["configuration", "knee (median)", "min\u2013max", "per repeat", "vs baseline"]
+    header += [f"vs {r.config}" for r in relays]
+    header += ["stalls / re-runs"]
+    rows = []
+    for rung in found.rungs:
+        versus = found.against_baseline.get(rung.config)
+        if rung is found.baseline:
+            cell = "baseline"
+        elif versus is None:
+            cell = EMPTY
+        else:
+            cell = f"{versus.ratio_text()} {_claim(versus)}"
+        row = [
+            rung.config + (" (relay)" if rung.target == "relay" else ""),
+            rung.label() + (" (driver-limited)" if rung.driver_limited else ""),
+            f"{rung.low:,.0f}{DASH}{rung.high:,.0f}",
+            ", ".join(f"{k:,.0f}" for k in rung.knees),
+            cell,
+        ]
+        for relay in relays:
+            comparison = found.against_relays.get(rung.config, {}).get(relay.config)
+            row.append(comparison.ratio_text() if comparison else EMPTY)
+        row.append(f"{rung.stalled_steps} / {rung.reruns}")
+        rows.append(row)
+    blocks.append(Table(header, rows))
+    blocks.append(
+        Table(
+            [
+                "configuration",
+                "connections",
+                "room size",
+                "body chars",
+                "send frame bytes",
+                "deflate",
+            ],
+            [
+                [
+                    r.config,
+                    f"{r.connections:,}",
+                    str(r.room_size),
+                    str(r.body_chars),
+                    str(r.frame_bytes),
+                    "on (negotiated)" if r.deflate else "off",
+                ]
+                for r in found.rungs
+            ],
+        )
+    )
+    groups = by_connections(found)
+    if len(groups) > 1:
+        blocks += _sweep(groups)
+    for rung in found.rungs:
+        blocks.append(Heading(3, f"Climb: {rung.config}"))
+        steps = [
+            [
+                str(run.repeat + 1),
+                f"{s.offered_per_s or 0:,.0f}",
+                f"{s.delivered_per_s:,.0f}",
+                num(s.latency_ms.get("p99")),
+                num(s.latency_ms.get("max")),
+                "\u2713" if s.holds(HEADLINE_SLO_MS) else "\u2717",
+                ", ".join(f"{t:.0f} s" for t in s.stall_s) or EMPTY,
+                "re-run" if s.rerun else "superseded" if s.superseded else "",
+                GENERATOR_LIMITED if s.generator_limited else "",
+            ]
+            for run in rung.runs
+            for s in run.steps
+            if s.driver == "fast"
+        ]
+        blocks.append(
+            Table(
+                [
+                    "repeat",
+                    "offered sends/s",
+                    "delivered/s",
+                    "p99 ms",
+                    "max ms",
+                    "held",
+                    "stalled seconds",
+                    "",
+                    "driver limit",
+                ],
+                steps,
+            )
+        )
+    return blocks
+
+
+def tail_blocks(results: Results, out_dir: Path) -> list[Block]:
+    """Why the tail moved: per configuration, its latency over time above the server's GC
+    pauses, loop lag and commits; every stalled second with its likely cause."""
+    watched = [r for r in results.runs if r.metric_series or r.tail_events]
+    if not watched:
+        return []
+    blocks: list[Block] = [
+        Heading(2, "Why the tail moved"),
+        Para(
+            "The server's own view, read about once a second while it was driven: GC pause "
+            "time by generation, event-loop lag (a 10 ms ticker's lateness; ticks 10 ms or "
+            "more late are marked), commit time, and the notable events it keeps (GC pauses "
+            "of 50 ms or more, slow commits and checkpoints of 10 ms or more). Red bands mark "
+            "the seconds a climb step stalled (p99 over 10\u00d7 the step's median, or no "
+            "delivery); each is named below with the likeliest cause the server saw."
+        ),
+    ]
+    rows = []
+    for run in results.runs:
+        for step in run.steps:
+            for t in step.stall_s:
+                point = next((p for p in step.timeline if p.t_s == t), None)
+                p99 = num(point.p99_ms) if point is not None else EMPTY
+                cause = (
+                    likely_cause(run.tail_events, t - 1.0, t)
+                    if run.metric_series or run.tail_events
+                    else "the server's tail was not read (relay, or metrics off)"
+                )
+                note = (
+                    "re-run"
+                    if step.rerun
+                    else "superseded by its re-run"
+                    if step.superseded
+                    else ""
+                )
+                rows.append(
+                    [run.config, str(run.repeat + 1), step.name, f"{t:.0f} s", p99, cause, note]
+                )
+    if rows:
+        blocks.append(
+            Table(["configuration", "repeat", "step", "second", "p99 ms", "likely cause", ""], rows)
+        )
+    else:
+        blocks.append(Para("No step stalled: no second passed 10\u00d7 its step's median p99."))
+    summary = []
+    for run in watched:
+        events = run.tail_events
+        gc = [e for e in events if e["kind"] == "gc"]
+        late = [e for e in events if e["kind"] == "loop_lag"]
+        slow = [e for e in events if e["kind"] in ("commit", "checkpoint")]
+        summary.append(
+            [
+                run.config,
+                str(run.repeat + 1),
+                f"{len(gc)}" + (f" (max {max(e['ms'] for e in gc):.0f} ms)" if gc else ""),
+                f"{len(late)}" + (f" (max {max(e['ms'] for e in late):.0f} ms)" if late else ""),
+                f"{len(slow)}" + (f" (max {max(e['ms'] for e in slow):.0f} ms)" if slow else ""),
+            ]
+        )
+    blocks.append(
+        Table(
+            ["configuration", "repeat", "GC pauses ≥ 50 ms", "late ticks ≥ 10 ms", "slow commits"],
+            summary,
+        )
+    )
+    shown: set[str] = set()
+    for run in watched:
+        if run.config in shown:
+            continue
+        stalled = [r for r in watched if r.config == run.config and any(s.stall_s for s in r.steps)]
+        chosen = stalled[0] if stalled else run
+        path = server_tail(chosen, out_dir / "plots" / f"tail-{slug(run.config)}.png")
+        if path is None:
+            continue
+        shown.add(run.config)
+        blocks.append(Heading(3, f"{run.config}: latency over time, the server's tail under it"))
+        blocks.append(Image(path, path.relative_to(out_dir).as_posix(), f"tail of {run.config}"))
+    return blocks
+
+
+def _claim(comparison: Comparison) -> str:
+    if comparison.verdict == "not confirmed":
+        return f"not confirmed: {comparison.reason}"
+    return f"({comparison.verdict}, confirmed)"
+
+
+def _sweep(groups: dict[int, list[Rung]]) -> list[Block]:
+    """How the verdict moves with the connection count: each count's knees and ratios."""
+    blocks: list[Block] = [
+        Heading(3, "The shape is part of the result: by connection count"),
+        Para(
+            "The same configurations climbed at each connection count. A ratio measured at one "
+            "count does not carry to another: read each row on its own."
+        ),
+    ]
+    rows = []
+    for count, rungs in groups.items():
+        chats = [r for r in rungs if r.target == "chat"]
+        relays = [r for r in rungs if r.target == "relay"]
+        for chat in chats:
+            ratios = [
+                f"{compare(chat, relay, RESOLUTION).ratio_text()} of {relay.config}"
+                for relay in relays
+            ]
+            rows.append([f"{count:,}", chat.config, chat.label(), "; ".join(ratios) or EMPTY])
+    blocks.append(Table(["connections", "configuration", "knee", "against the relay"], rows))
+    return blocks
