@@ -83,51 +83,26 @@ from typing import Any, Final, Protocol, TypeVar
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
+from chat_server.store.sqlite_schema import (
+    INSERT_MESSAGE,
+    SCHEMA_VERSION,
+    SELECT_AFTER,
+    SELECT_BEFORE,
+    SELECT_LATEST,
+    SELECT_ROOM_NEWEST_FIRST,
+    SELECT_ROOMS,
+    SYNCHRONOUS,
+    TRIM_ROOM,
+    UPSERT_ROOM,
+    open_writer,
+    rows_to_messages,
+)
 from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
 
 __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats", "WriterThreadHook"]
 
 logger = logging.getLogger("chat_server.store")
 
-SCHEMA_VERSION: Final = 1
-"""The ``PRAGMA user_version`` this module writes and understands."""
-
-_SCHEMA: Final = (
-    """CREATE TABLE IF NOT EXISTS messages (
-        room TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        user TEXT NOT NULL,
-        body TEXT NOT NULL,
-        ts INTEGER NOT NULL,
-        ref TEXT,
-        PRIMARY KEY (room, seq)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS rooms (
-        room TEXT PRIMARY KEY,
-        last_seq INTEGER NOT NULL
-    )""",
-)
-_INSERT_MESSAGE: Final = (
-    "INSERT INTO messages (room, seq, user, body, ts, ref) VALUES (?, ?, ?, ?, ?, ?)"
-)
-_UPSERT_ROOM: Final = (
-    "INSERT INTO rooms (room, last_seq) VALUES (?, ?)"
-    " ON CONFLICT (room) DO UPDATE SET last_seq = excluded.last_seq"
-)
-_TRIM_ROOM: Final = "DELETE FROM messages WHERE room = ? AND seq <= ?"
-_SELECT_LATEST: Final = (
-    "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC LIMIT ?"
-)
-_SELECT_BEFORE: Final = (
-    "SELECT seq, user, body, ts, ref FROM messages"
-    " WHERE room = ? AND seq < ? ORDER BY seq DESC LIMIT ?"
-)
-_SELECT_AFTER: Final = (
-    "SELECT seq, user, body, ts, ref FROM messages"
-    " WHERE room = ? AND seq > ? ORDER BY seq ASC LIMIT ?"
-)
-
-_SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # How often an idle writer checks that its event loop still exists, so that a loop
 # closed without close() does not keep this non-daemon thread (and the process) alive.
 _IDLE_CHECK_S: Final = 1.0
@@ -247,7 +222,7 @@ class SqliteHistoryStore(LedgerStore):
         ``full``, a ``queue_max``, ``batch_max`` or ``checkpoint_pages`` below 1, or a
         negative ``history_max``, ``busy_timeout_ms`` or ``commit_interval_ms``.
         """
-        if synchronous not in _SYNCHRONOUS:
+        if synchronous not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         if commit_on is None:
             commit_on = "thread" if synchronous == "full" else "loop"
@@ -269,7 +244,7 @@ class SqliteHistoryStore(LedgerStore):
             raise ValueError(f"commit_interval_ms must be 0 or more, not {commit_interval_ms}")
         self._path = Path(path)
         self._ledger = BatchLedger(on_batch)
-        self._synchronous = _SYNCHRONOUS[synchronous]
+        self._synchronous = SYNCHRONOUS[synchronous]
         self._queue_max = queue_max
         self._batch_max = batch_max
         self._history_max = history_max
@@ -638,54 +613,16 @@ class SqliteHistoryStore(LedgerStore):
             self._writer_stopped.set_result(None)
 
     def _open_writer(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
-        """Create the file and schema if missing, apply the pragmas, load the rooms.
+        """Open the write connection (see :func:`open_writer`) and load the writer's seq cache.
 
-        The connection never checkpoints (the checkpointer thread does).
+        ``busy_timeout_s`` replaces the configured busy timeout once the file is open.
         """
-        path = self._path
-        timeout = self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # opening and creating the schema may wait for another process
-            conn = sqlite3.connect(path, timeout=self._busy_timeout_s, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
-        try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"history store {str(path)!r} cannot use WAL mode ({mode})")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"history store {str(path)!r} has schema version {version};"
-                        f" this chatlab knows up to {SCHEMA_VERSION}"
-                    )
-                if version < SCHEMA_VERSION:
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                self._writer_seq = dict(conn.execute("SELECT room, last_seq FROM rooms"))
-                conn.execute("COMMIT")
-            finally:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            # This connection never cuts the WAL file back: the cut is an ftruncate in the
-            # commit that restarts it, on the loop with CHAT_DB_COMMIT=loop, where one took
-            # 201 ms (strace, 2,000 connections), and cutting a WAL grown under load stalled
-            # the first second after every pause (docs/performance.md). The checkpointer's
-            # restarts cut it instead (see _restart_wal).
-            conn.execute("PRAGMA journal_size_limit = -1")
-            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
-        except BaseException:
-            conn.close()
-            raise
+        conn, self._writer_seq = open_writer(
+            self._path,
+            synchronous=self._synchronous,
+            open_timeout_s=self._busy_timeout_s,
+            busy_timeout_s=self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
+        )
         return conn
 
     def _write_batches(self, conn: sqlite3.Connection) -> None:
@@ -745,12 +682,12 @@ class SqliteHistoryStore(LedgerStore):
         started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(_INSERT_MESSAGE, rows)
-            conn.executemany(_UPSERT_ROOM, room_seqs.items())
+            conn.executemany(INSERT_MESSAGE, rows)
+            conn.executemany(UPSERT_ROOM, room_seqs.items())
             if self._history_max:
                 keep = self._history_max
                 trims = [(room, seq - keep) for room, seq in room_seqs.items() if seq > keep]
-                conn.executemany(_TRIM_ROOM, trims)
+                conn.executemany(TRIM_ROOM, trims)
             conn.execute("COMMIT")
         except Exception as exc:
             error = self._batch_error(exc)
@@ -999,11 +936,11 @@ class SqliteHistoryStore(LedgerStore):
 
         def query(conn: sqlite3.Connection) -> list[Message]:
             if before is None:
-                rows = conn.execute(_SELECT_LATEST, (room, limit)).fetchall()
+                rows = conn.execute(SELECT_LATEST, (room, limit)).fetchall()
             else:
-                rows = conn.execute(_SELECT_BEFORE, (room, before, limit)).fetchall()
+                rows = conn.execute(SELECT_BEFORE, (room, before, limit)).fetchall()
             rows.reverse()
-            return _messages(room, rows)
+            return rows_to_messages(room, rows)
 
         return await self._read(query)
 
@@ -1017,7 +954,9 @@ class SqliteHistoryStore(LedgerStore):
             return []
 
         def query(conn: sqlite3.Connection) -> list[Message]:
-            return _messages(room, conn.execute(_SELECT_AFTER, (room, after_seq, limit)).fetchall())
+            return rows_to_messages(
+                room, conn.execute(SELECT_AFTER, (room, after_seq, limit)).fetchall()
+            )
 
         return await self._read(query)
 
@@ -1030,12 +969,9 @@ def _recent_sends(conn: sqlite3.Connection, since_ms: int, limit: int) -> list[M
     cost is the window's messages, not the table.
     """
     found: list[Message] = []
-    rooms = [room for (room,) in conn.execute("SELECT room FROM rooms")]
+    rooms = [room for (room,) in conn.execute(SELECT_ROOMS)]
     for room in rooms:
-        rows = conn.execute(
-            "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC",
-            (room,),
-        )
+        rows = conn.execute(SELECT_ROOM_NEWEST_FIRST, (room,))
         for seq, user, body, ts, ref in rows:
             if ts < since_ms:
                 break
@@ -1043,11 +979,3 @@ def _recent_sends(conn: sqlite3.Connection, since_ms: int, limit: int) -> list[M
                 found.append(Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref))
     found.sort(key=lambda message: message.ts)
     return found[-limit:]
-
-
-def _messages(room: str, rows: list[tuple[int, str, str, int, str | None]]) -> list[Message]:
-    """Turn ``(seq, user, body, ts, ref)`` rows into messages of ``room``."""
-    return [
-        Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref)
-        for seq, user, body, ts, ref in rows
-    ]
