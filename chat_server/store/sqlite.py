@@ -76,26 +76,20 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
+from chat_server.store.sqlite_reads import SqliteReader
 from chat_server.store.sqlite_schema import (
     INSERT_MESSAGE,
     SCHEMA_VERSION,
-    SELECT_AFTER,
-    SELECT_BEFORE,
-    SELECT_LATEST,
-    SELECT_ROOM_NEWEST_FIRST,
-    SELECT_ROOMS,
     SYNCHRONOUS,
     TRIM_ROOM,
     UPSERT_ROOM,
     open_writer,
-    rows_to_messages,
 )
 from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
 
@@ -137,7 +131,6 @@ SHORT_PASS_S: Final = 0.005
 RESTART_PASSES_MAX: Final = 3
 _COMMIT_PLACES: Final = ("loop", "thread")
 
-_T = TypeVar("_T")
 _Item = tuple[Message, Any]
 
 
@@ -286,9 +279,8 @@ class SqliteHistoryStore(LedgerStore):
         self._writer: threading.Thread | None = None
         self._writer_stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
 
-        # Owned by the reader thread.
-        self._reader: ThreadPoolExecutor | None = None
-        self._read_conn: sqlite3.Connection | None = None
+        # The read side: its own thread and connection (see SqliteReader).
+        self._reads = SqliteReader(self._path, self._busy_timeout_s)
 
         # Owned by the checkpointer thread (flags read by the loop without a lock).
         self._checkpointer: threading.Thread | None = None
@@ -360,17 +352,14 @@ class SqliteHistoryStore(LedgerStore):
                 )
                 self._writer.start()
                 self._last_seq = await asyncio.wrap_future(ready)
-            self._reader = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="chat-history-reader"
-            )
-            await self._loop.run_in_executor(self._reader, self._open_reader)
+            await self._reads.open()
             self._checkpointer = threading.Thread(
                 target=self._run_checkpointer, name="chat-history-checkpointer", daemon=False
             )
             self._checkpointer.start()
             self._watch = self._loop.call_later(CHECKPOINT_POLL_S, self._watch_checkpointer)
         except BaseException:
-            self._closed = True
+            self._closed = self._reads.closed = True
             await self._stop_threads()
             raise
         self._accepting = True
@@ -385,7 +374,7 @@ class SqliteHistoryStore(LedgerStore):
             await asyncio.shield(self._close_done)
             return
         self._accepting = False
-        self._closed = True
+        self._closed = self._reads.closed = True
         if self._loop is None:
             self._close_done = asyncio.get_running_loop().create_future()
             self._close_done.set_result(None)
@@ -416,11 +405,7 @@ class SqliteHistoryStore(LedgerStore):
         if self._loop_conn is not None:
             self._loop_conn.close()
             self._loop_conn = None
-        if self._reader is not None:
-            reader, self._reader = self._reader, None
-            assert self._loop is not None
-            await self._loop.run_in_executor(reader, self._close_reader)
-            reader.shutdown(wait=True)
+        await self._reads.close()
 
     def _signal_stop(self) -> None:
         """Tell the writer to exit once the queue is empty."""
@@ -893,89 +878,16 @@ class SqliteHistoryStore(LedgerStore):
         finally:
             self._set_checkpointer_idle(True)
 
-    # ---- reads ---------------------------------------------------------------
-
-    def _open_reader(self) -> None:
-        """Reader thread: open the read-only-by-pragma connection."""
-        try:
-            conn = sqlite3.connect(self._path, timeout=self._busy_timeout_s, isolation_level=None)
-            conn.execute("PRAGMA query_only = ON")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open history store {str(self._path)!r}: {exc}") from exc
-        self._read_conn = conn
-
-    def _close_reader(self) -> None:
-        """Reader thread: close the read connection."""
-        if self._read_conn is not None:
-            self._read_conn.close()
-            self._read_conn = None
-
-    async def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``query`` on the reader thread; map SQLite errors to ``StoreError``."""
-        if self._reader is None or self._closed:
-            reason = "closed" if self._closed else "not started"
-            raise StoreUnavailable(f"history store {reason}")
-        assert self._loop is not None
-        return await self._loop.run_in_executor(self._reader, self._run_query, query)
-
-    def _run_query(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
-        conn = self._read_conn
-        if conn is None:
-            raise StoreUnavailable("history store closed")
-        try:
-            return query(conn)
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"history store unavailable: {exc}") from exc
-        except sqlite3.Error as exc:
-            raise StoreError(f"history store failed: {exc}") from exc
+    # ---- reads (on the reader's thread, see SqliteReader) --------------------
 
     async def history(self, room: str, before: int | None, limit: int) -> list[Message]:
         """The latest ``limit`` messages with ``seq < before`` (no bound when None), ascending."""
-        if limit <= 0:
-            return []
-
-        def query(conn: sqlite3.Connection) -> list[Message]:
-            if before is None:
-                rows = conn.execute(SELECT_LATEST, (room, limit)).fetchall()
-            else:
-                rows = conn.execute(SELECT_BEFORE, (room, before, limit)).fetchall()
-            rows.reverse()
-            return rows_to_messages(room, rows)
-
-        return await self._read(query)
+        return await self._reads.history(room, before, limit)
 
     async def recent_sends(self, since_ms: int, limit: int) -> list[Message]:
         """The newest ``limit`` messages with a ``ref`` and ``ts >= since_ms``, oldest first."""
-        return await self._read(lambda conn: _recent_sends(conn, since_ms, limit))
+        return await self._reads.recent_sends(since_ms, limit)
 
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
-        if limit <= 0:
-            return []
-
-        def query(conn: sqlite3.Connection) -> list[Message]:
-            return rows_to_messages(
-                room, conn.execute(SELECT_AFTER, (room, after_seq, limit)).fetchall()
-            )
-
-        return await self._read(query)
-
-
-def _recent_sends(conn: sqlite3.Connection, since_ms: int, limit: int) -> list[Message]:
-    """The newest ``limit`` messages with a ``ref`` and ``ts >= since_ms``, oldest first.
-
-    Each room's tail is read backwards by its primary key and stops at the first
-    message older than the window (``ts`` rises with ``seq`` within a room), so the
-    cost is the window's messages, not the table.
-    """
-    found: list[Message] = []
-    rooms = [room for (room,) in conn.execute(SELECT_ROOMS)]
-    for room in rooms:
-        rows = conn.execute(SELECT_ROOM_NEWEST_FIRST, (room,))
-        for seq, user, body, ts, ref in rows:
-            if ts < since_ms:
-                break
-            if ref is not None:
-                found.append(Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref))
-    found.sort(key=lambda message: message.ts)
-    return found[-limit:]
+        return await self._reads.after(room, after_seq, limit)
