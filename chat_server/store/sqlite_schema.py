@@ -4,8 +4,8 @@ The file holds two tables: ``messages`` (one row per committed message, keyed by
 ``(room, seq)``) and ``rooms`` (each room's last ``seq``, kept apart from its messages
 so that numbering continues when old messages are trimmed). ``PRAGMA user_version``
 records the layout (:data:`SCHEMA_VERSION`); a file with a newer one is refused.
-Rows read from ``messages`` come as ``(seq, user, body, ts, ref)``, and
-:func:`rows_to_messages` is the one place that turns them into messages.
+Every ``SELECT`` on ``messages`` returns ``(seq, user, body, ts, ref)`` rows, which
+:func:`rows_to_messages` turns into messages.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ passes ``wal_max_bytes`` the checkpointer tells the store (``on_blocked``), whic
 refuses new submissions with ``unavailable`` until a checkpoint catches up, so what it
 holds unchecked stays bounded.
 
-The checkpointer never takes part in a commit: it costs the per-message path nothing
-but the store's test of the blocked flag, and it holds the commits only while a
-restart copies the last frames.
+The checkpointer never takes part in a commit: the per-message path meets it only in
+the store's blocked flag and in ``commit_lock``, which it holds only while a restart
+copies the last frames.
 """
 
 from __future__ import annotations
