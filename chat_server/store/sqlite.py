@@ -26,27 +26,18 @@ outcome is reported on the event loop, in commit order, through the ``on_batch``
 callback.
 
 Checkpoints never run inside a commit (``wal_autocheckpoint`` is off): a
-checkpointer thread with its own connection runs ``PRAGMA
-wal_checkpoint(PASSIVE)`` whenever the WAL file reaches ``checkpoint_pages``
-pages; PASSIVE never waits for readers or writers, so no commit waits on the
-checkpoint's fsync. The checkpointer runs as ``SCHED_IDLE`` (only in the loop's idle
-time on its core) unless one runs too long (see :meth:`_set_checkpointer_idle`).
-Beside a commit every millisecond a PASSIVE checkpoint never ends with nothing left,
-and SQLite starts the WAL again only after one did: so once the WAL holds
-``WAL_RESTART_CHECKPOINTS`` checkpoints' worth, the checkpointer holds the commits for
-a few milliseconds (commits on the loop wait in a list; the loop goes on), copies the
-last frames and restarts the WAL itself (see :meth:`_restart_wal`). The WAL file
-therefore stays near what comes in between two restarts, and a file grown past
-``WAL_FILE_LIMIT_RESTARTS`` restarts' worth (a reader held checkpoints back) is cut
-back on the checkpointer's thread, never on the loop. SQLite syncs the new WAL header
-at every restart (so that a power loss cannot mix old and new frames); for these
-restarts that happens in the checkpointer's restarting write, not in a commit. A WAL
-that restarts by itself (a lull let a checkpoint finish) still has the commit that
-restarts it sync the header: 0.3-0.5 ms under strace here. A reader that holds an old
-snapshot open (an outside tool in a long transaction) can keep a checkpoint from
-finishing; the WAL then grows, and once what is not checkpointed passes
-``wal_max_bytes`` new submissions are refused with ``unavailable`` ("checkpoint
-blocked") until a checkpoint catches up, so what it holds unchecked stays bounded.
+checkpointer thread with its own connection checkpoints the WAL and restarts it
+(:class:`~chat_server.store.sqlite_wal.Checkpointer`, where the why and the figures
+are). To restart it, it holds the commits (``_commit_lock``) for a few milliseconds:
+commits on the loop wait in a list; the loop goes on. A reader that holds an old
+snapshot open can keep checkpoints from catching up; once what is not checkpointed
+passes ``wal_max_bytes`` new submissions are refused with ``unavailable``
+("checkpoint blocked") until a checkpoint catches up, so what it holds unchecked
+stays bounded.
+
+Reads run on a reader thread with a connection of their own
+(:mod:`chat_server.store.sqlite_reads`); the file's tables, statements and
+pragmas are in :mod:`chat_server.store.sqlite_schema`.
 
 Durability, by ``synchronous`` (SQLite's ``PRAGMA synchronous`` in WAL mode):
 
@@ -71,98 +62,39 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
+from chat_server.store.sqlite_reads import SqliteReader
+from chat_server.store.sqlite_schema import (
+    INSERT_MESSAGE,
+    SCHEMA_VERSION,
+    SYNCHRONOUS,
+    TRIM_ROOM,
+    UPSERT_ROOM,
+    open_writer,
+)
+from chat_server.store.sqlite_wal import Checkpointer
 from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
 
 __all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats", "WriterThreadHook"]
 
 logger = logging.getLogger("chat_server.store")
 
-SCHEMA_VERSION: Final = 1
-"""The ``PRAGMA user_version`` this module writes and understands."""
-
-_SCHEMA: Final = (
-    """CREATE TABLE IF NOT EXISTS messages (
-        room TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        user TEXT NOT NULL,
-        body TEXT NOT NULL,
-        ts INTEGER NOT NULL,
-        ref TEXT,
-        PRIMARY KEY (room, seq)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS rooms (
-        room TEXT PRIMARY KEY,
-        last_seq INTEGER NOT NULL
-    )""",
-)
-_INSERT_MESSAGE: Final = (
-    "INSERT INTO messages (room, seq, user, body, ts, ref) VALUES (?, ?, ?, ?, ?, ?)"
-)
-_UPSERT_ROOM: Final = (
-    "INSERT INTO rooms (room, last_seq) VALUES (?, ?)"
-    " ON CONFLICT (room) DO UPDATE SET last_seq = excluded.last_seq"
-)
-_TRIM_ROOM: Final = "DELETE FROM messages WHERE room = ? AND seq <= ?"
-_SELECT_LATEST: Final = (
-    "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC LIMIT ?"
-)
-_SELECT_BEFORE: Final = (
-    "SELECT seq, user, body, ts, ref FROM messages"
-    " WHERE room = ? AND seq < ? ORDER BY seq DESC LIMIT ?"
-)
-_SELECT_AFTER: Final = (
-    "SELECT seq, user, body, ts, ref FROM messages"
-    " WHERE room = ? AND seq > ? ORDER BY seq ASC LIMIT ?"
-)
-
-_SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # How often an idle writer checks that its event loop still exists, so that a loop
 # closed without close() does not keep this non-daemon thread (and the process) alive.
 _IDLE_CHECK_S: Final = 1.0
 #: a hand-over of this many sends is committed at once, whatever the commit interval
 COMMIT_NOW_SIZE: Final = 32
-#: how often the checkpointer looks at the WAL file's size
-CHECKPOINT_POLL_S: Final = 0.25
-#: a checkpoint still running after this long (s) had no idle time on its core: the loop
-#: puts the checkpointer at normal priority until it ends. Five interleaved minutes each
-#: at 68,640 delivered/s (2,000 connections in rooms of 10, the core 92 % busy,
-#: ``python -m bench.tail --rate 6864 --repeat 5`` with ``--server-root`` of both): at
-#: 0.5 s 1-5 raises a minute, each taking the loop's core mid-load, p99 25.8-256.6 ms
-#: (median 65.8); at 2 s none, p99 18.5-48.9 ms (median 29.8), lower in 5 of 5 pairs,
-#: CPU per frame unchanged. Past capacity (``--rate 12000``, one pair) the WAL file still
-#: stays bounded, a little larger: 98 -> 153 MiB (docs/performance.md, seventh section).
-CATCH_UP_AFTER_S: Final = 2.0
-#: once the WAL holds this many checkpoints' worth of frames (``checkpoint_pages`` each)
-#: since it last restarted, the checkpointer has it restart (see :meth:`_restart_wal`).
-#: Each restart holds the commits for a few ms. Ten interleaved minutes each at 66,200
-#: delivered/s (2,000 connections in rooms of 10, ``python -m bench.tail --rate 6620
-#: --repeat 1``): at 4 (16 MB) 39-51 holds a minute, and 17 of the seconds with a
-#: delivery of 50 ms or more overlapped a hold of 10 ms or more; at 16 (64 MB) 13-15
-#: holds and 4 such seconds, for a WAL file of 72-81 MiB instead of 27-42; the maxima
-#: were not told apart (docs/performance.md)
-WAL_RESTART_CHECKPOINTS: Final = 16
-#: a WAL file bigger than this many restarts' worth is cut back to it when the WAL restarts
-WAL_FILE_LIMIT_RESTARTS: Final = 4
-#: before it holds the commits, the checkpointer copies what came in meanwhile without
-#: holding them, until one such pass takes less than this (s), at most
-#: ``RESTART_PASSES_MAX`` times: what the held pass copies is what the last one let in
-SHORT_PASS_S: Final = 0.005
-RESTART_PASSES_MAX: Final = 3
 _COMMIT_PLACES: Final = ("loop", "thread")
 
-_T = TypeVar("_T")
 _Item = tuple[Message, Any]
 
 
@@ -247,7 +179,7 @@ class SqliteHistoryStore(LedgerStore):
         ``full``, a ``queue_max``, ``batch_max`` or ``checkpoint_pages`` below 1, or a
         negative ``history_max``, ``busy_timeout_ms`` or ``commit_interval_ms``.
         """
-        if synchronous not in _SYNCHRONOUS:
+        if synchronous not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         if commit_on is None:
             commit_on = "thread" if synchronous == "full" else "loop"
@@ -269,17 +201,13 @@ class SqliteHistoryStore(LedgerStore):
             raise ValueError(f"commit_interval_ms must be 0 or more, not {commit_interval_ms}")
         self._path = Path(path)
         self._ledger = BatchLedger(on_batch)
-        self._synchronous = _SYNCHRONOUS[synchronous]
+        self._synchronous = SYNCHRONOUS[synchronous]
         self._queue_max = queue_max
         self._batch_max = batch_max
         self._history_max = history_max
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._writer_hook: WriterThreadHook = _NO_HOOK if writer_hook is None else writer_hook
         self._on_loop = commit_on == "loop"
-        self._checkpoint_pages = checkpoint_pages
-        #: whether the checkpointer runs as SCHED_IDLE at all (CHAT_DB_CHECKPOINTER)
-        self._idle_policy = checkpointer_idle
-        self._wal_max_bytes = wal_max_bytes
         self._commit_interval_s = commit_interval_ms / 1000
         self.commit_seconds = (
             PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else commit_seconds
@@ -288,20 +216,12 @@ class SqliteHistoryStore(LedgerStore):
         self.slow_commits: collections.deque[tuple[float, float, int]] = collections.deque(
             maxlen=NOTABLE_KEPT
         )
-        #: ``(unix time, seconds, frames copied)`` of the last checkpoints that long
-        self.slow_checkpoints: collections.deque[tuple[float, float, int]] = collections.deque(
-            maxlen=NOTABLE_KEPT
-        )
-        #: ``(unix time, seconds, 1 if the WAL restarted)`` of the last restart holds that long
-        self.slow_restart_holds: collections.deque[tuple[float, float, int]] = collections.deque(
-            maxlen=NOTABLE_KEPT
-        )
 
         # Shared between the loop and the writer, guarded by _cond.
         self._cond = threading.Condition(threading.Lock())
         #: held by whoever writes: each commit (on the loop it is only tried: a commit
         #: that cannot have it waits in _pending), and the checkpointer while it makes the
-        #: WAL restart (see :meth:`_restart_wal`)
+        #: WAL restart (see :meth:`Checkpointer._restart_wal`)
         self._commit_lock = threading.Lock()
         self._queue: collections.deque[_Item] = collections.deque()
         self._stopping = False
@@ -311,31 +231,23 @@ class SqliteHistoryStore(LedgerStore):
         self._writer: threading.Thread | None = None
         self._writer_stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
 
-        # Owned by the reader thread.
-        self._reader: ThreadPoolExecutor | None = None
-        self._read_conn: sqlite3.Connection | None = None
+        # The read side: its own thread and connection (see SqliteReader).
+        self._reads = SqliteReader(self._path, self._busy_timeout_s)
 
-        # Owned by the checkpointer thread (flags read by the loop without a lock).
-        self._checkpointer: threading.Thread | None = None
-        self._checkpointer_stop = threading.Event()
+        # The WAL's checkpoints and restarts: its own thread (see Checkpointer).
+        self._checkpointer = Checkpointer(
+            path=self._path,
+            synchronous=self._synchronous,
+            checkpoint_pages=checkpoint_pages,
+            idle_policy=checkpointer_idle,
+            wal_max_bytes=wal_max_bytes,
+            commit_lock=self._commit_lock,
+            on_blocked=self._set_wal_blocked,
+            after_hold=self._after_hold,
+        )
+        #: written by the checkpointer thread (through _set_wal_blocked), read by submit
+        #: without a lock: what no checkpoint could copy back is past wal_max_bytes
         self._wal_blocked = False
-        self.checkpoints = 0
-        #: the checkpointer's thread id (Linux), and whether it runs as SCHED_IDLE
-        self.checkpointer_tid: int | None = None
-        self.checkpointer_idle = False
-        #: times a checkpoint ran past CATCH_UP_AFTER_S and was put at normal priority
-        self.checkpoint_catch_ups = 0
-        #: when the running checkpoint began (time.monotonic), None between checkpoints
-        self._checkpoint_began: float | None = None
-        #: how long each of the checkpointer's holds of the commits lasted (s), and how
-        #: many of those holds restarted the WAL
-        self.restart_hold_seconds = PlainHistogram(COMMIT_BUCKETS_S)
-        self.wal_restarts = 0
-        #: the WAL file's size at the checkpointer's last look, and the largest seen
-        self.wal_file_bytes = 0
-        self.wal_file_bytes_max = 0
-        #: the loop's look at the checkpointer, every CHECKPOINT_POLL_S
-        self._watch: asyncio.TimerHandle | None = None
 
         # Owned by the event loop.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -385,17 +297,10 @@ class SqliteHistoryStore(LedgerStore):
                 )
                 self._writer.start()
                 self._last_seq = await asyncio.wrap_future(ready)
-            self._reader = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="chat-history-reader"
-            )
-            await self._loop.run_in_executor(self._reader, self._open_reader)
-            self._checkpointer = threading.Thread(
-                target=self._run_checkpointer, name="chat-history-checkpointer", daemon=False
-            )
-            self._checkpointer.start()
-            self._watch = self._loop.call_later(CHECKPOINT_POLL_S, self._watch_checkpointer)
+            await self._reads.open()
+            self._checkpointer.start(self._loop)
         except BaseException:
-            self._closed = True
+            self._closed = self._reads.closed = True
             await self._stop_threads()
             raise
         self._accepting = True
@@ -410,7 +315,7 @@ class SqliteHistoryStore(LedgerStore):
             await asyncio.shield(self._close_done)
             return
         self._accepting = False
-        self._closed = True
+        self._closed = self._reads.closed = True
         if self._loop is None:
             self._close_done = asyncio.get_running_loop().create_future()
             self._close_done.set_result(None)
@@ -431,21 +336,11 @@ class SqliteHistoryStore(LedgerStore):
             await asyncio.wrap_future(self._writer_stopped)
             self._writer.join()
             self._writer = None
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
-        if self._checkpointer is not None:
-            self._checkpointer_stop.set()
-            checkpointer, self._checkpointer = self._checkpointer, None
-            await asyncio.to_thread(checkpointer.join)
+        await self._checkpointer.stop()
         if self._loop_conn is not None:
             self._loop_conn.close()
             self._loop_conn = None
-        if self._reader is not None:
-            reader, self._reader = self._reader, None
-            assert self._loop is not None
-            await self._loop.run_in_executor(reader, self._close_reader)
-            reader.shutdown(wait=True)
+        await self._reads.close()
 
     def _signal_stop(self) -> None:
         """Tell the writer to exit once the queue is empty."""
@@ -547,11 +442,12 @@ class SqliteHistoryStore(LedgerStore):
     def stats(self) -> StoreStats:
         """A snapshot of the batches so far (the queue counts what waits for its commit),
         with the WAL file's size, its restarts and the commits' holds for them."""
-        holds = self.restart_hold_seconds
+        checkpointer = self._checkpointer
+        holds = checkpointer.restart_hold_seconds
         return dataclasses.replace(
             self._ledger.stats(queue_depth=len(self._queue) + len(self._pending)),
-            wal_file_bytes=self.wal_file_bytes,
-            wal_restarts=self.wal_restarts,
+            wal_file_bytes=checkpointer.wal_file_bytes,
+            wal_restarts=checkpointer.wal_restarts,
             restart_hold_counts=list(holds.counts),
             restart_hold_sum_s=holds.sum,
         )
@@ -561,6 +457,7 @@ class SqliteHistoryStore(LedgerStore):
         times, and the checkpointer's counts (checkpoints, times it left SCHED_IDLE to catch
         up, restart holds and WAL restarts, the longest hold) and the WAL file's size now
         and at most, for /stats."""
+        checkpointer = self._checkpointer
         notable: dict[str, Any] = {
             kind: [
                 {"at": round(at, 3), "took_s": round(took, 6), "size": size}
@@ -568,27 +465,11 @@ class SqliteHistoryStore(LedgerStore):
             ]
             for kind, events in (
                 ("slow_commits", list(self.slow_commits)),
-                ("slow_checkpoints", list(self.slow_checkpoints)),
-                ("slow_restart_holds", list(self.slow_restart_holds)),
+                ("slow_checkpoints", list(checkpointer.slow_checkpoints)),
+                ("slow_restart_holds", list(checkpointer.slow_restart_holds)),
             )
         }
-        holds = self.restart_hold_seconds
-        notable["checkpointer"] = {
-            "checkpoints": self.checkpoints,
-            "catch_ups": self.checkpoint_catch_ups,
-            "idle": self.checkpointer_idle,
-            "restart_holds": holds.count,
-            "wal_restarts": self.wal_restarts,
-            "restart_hold_max_s": round(holds.max, 6),
-            # bucket upper bound (s, "inf" last) -> holds that long
-            "restart_hold_buckets": {
-                str(bound): n
-                for bound, n in zip((*holds.bounds, "inf"), holds.counts, strict=True)
-                if n
-            },
-            "wal_file_bytes": self.wal_file_bytes,
-            "wal_file_bytes_max": self.wal_file_bytes_max,
-        }
+        notable["checkpointer"] = checkpointer.counts()
         return notable
 
     def last_seq(self, room: str) -> int:
@@ -638,54 +519,16 @@ class SqliteHistoryStore(LedgerStore):
             self._writer_stopped.set_result(None)
 
     def _open_writer(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
-        """Create the file and schema if missing, apply the pragmas, load the rooms.
+        """Open the write connection (see :func:`open_writer`) and load the writer's seq cache.
 
-        The connection never checkpoints (the checkpointer thread does).
+        ``busy_timeout_s`` replaces the configured busy timeout once the file is open.
         """
-        path = self._path
-        timeout = self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # opening and creating the schema may wait for another process
-            conn = sqlite3.connect(path, timeout=self._busy_timeout_s, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
-        try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"history store {str(path)!r} cannot use WAL mode ({mode})")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"history store {str(path)!r} has schema version {version};"
-                        f" this chatlab knows up to {SCHEMA_VERSION}"
-                    )
-                if version < SCHEMA_VERSION:
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                self._writer_seq = dict(conn.execute("SELECT room, last_seq FROM rooms"))
-                conn.execute("COMMIT")
-            finally:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            # This connection never cuts the WAL file back: the cut is an ftruncate in the
-            # commit that restarts it, on the loop with CHAT_DB_COMMIT=loop, where one took
-            # 201 ms (strace, 2,000 connections), and cutting a WAL grown under load stalled
-            # the first second after every pause (docs/performance.md). The checkpointer's
-            # restarts cut it instead (see _restart_wal).
-            conn.execute("PRAGMA journal_size_limit = -1")
-            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
-        except BaseException:
-            conn.close()
-            raise
+        conn, self._writer_seq = open_writer(
+            self._path,
+            synchronous=self._synchronous,
+            open_timeout_s=self._busy_timeout_s,
+            busy_timeout_s=self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
+        )
         return conn
 
     def _write_batches(self, conn: sqlite3.Connection) -> None:
@@ -745,12 +588,12 @@ class SqliteHistoryStore(LedgerStore):
         started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(_INSERT_MESSAGE, rows)
-            conn.executemany(_UPSERT_ROOM, room_seqs.items())
+            conn.executemany(INSERT_MESSAGE, rows)
+            conn.executemany(UPSERT_ROOM, room_seqs.items())
             if self._history_max:
                 keep = self._history_max
                 trims = [(room, seq - keep) for room, seq in room_seqs.items() if seq > keep]
-                conn.executemany(_TRIM_ROOM, trims)
+                conn.executemany(TRIM_ROOM, trims)
             conn.execute("COMMIT")
         except Exception as exc:
             error = self._batch_error(exc)
@@ -778,276 +621,73 @@ class SqliteHistoryStore(LedgerStore):
             return StoreUnavailable(f"history store unavailable: {exc}")
         return StoreError(f"history store failed: {exc}")
 
-    # ---- the checkpointer thread ---------------------------------------------
+    # ---- the checkpointer (on its own thread, see Checkpointer) ---------------
 
-    def _run_checkpointer(self) -> None:
-        """Checkpointer thread: PASSIVE checkpoints whenever the WAL file is big enough,
-        and a restart of the WAL whenever it holds ``WAL_RESTART_CHECKPOINTS``
-        checkpoints' worth.
+    def _set_wal_blocked(self, blocked: bool) -> None:
+        """Checkpointer thread: refuse (or accept again) submissions while the WAL is
+        blocked past ``wal_max_bytes``."""
+        self._wal_blocked = blocked
 
-        Also decides whether the WAL is blocked: what no checkpoint could copy back
-        (a reader holds an older snapshot) past ``wal_max_bytes``. Ends on
-        :meth:`close` (or when the loop is gone) with a last PASSIVE checkpoint.
-        """
-        loop = self._loop
-        assert loop is not None
-        wal = self._path.with_name(self._path.name + "-wal")
-        self.checkpointer_tid = threading.get_native_id()
-        self._set_checkpointer_idle(True)
-        try:
-            # Never waits on a lock: PASSIVE does not, and the restart (see _restart_wal)
-            # gives up at once where an outside reader or writer is in the way.
-            conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-            # The restart's write (see _restart_wal) cuts a WAL file grown past this back
-            # to it, on this thread; the loop's connection never cuts it.
-            restart_frames = WAL_RESTART_CHECKPOINTS * self._checkpoint_pages
-            limit = WAL_FILE_LIMIT_RESTARTS * restart_frames * page_size
-            conn.execute(f"PRAGMA journal_size_limit = {limit}")
-        except sqlite3.Error:
-            logger.exception("history store: the checkpointer cannot open %s", self._path)
-            return
-        threshold = self._checkpoint_pages * page_size
-        try:
-            while not self._checkpointer_stop.wait(CHECKPOINT_POLL_S) and not loop.is_closed():
-                try:
-                    size = wal.stat().st_size
-                except FileNotFoundError:
-                    continue
-                self.wal_file_bytes = size
-                self.wal_file_bytes_max = max(self.wal_file_bytes_max, size)
-                if size >= threshold or self._wal_blocked:
-                    frames = self._checkpoint(conn, page_size)
-                    if frames >= restart_frames:
-                        self._restart_wal(conn, page_size, loop)
-            self._checkpoint(conn, page_size)
-        finally:
-            conn.close()
+    @property
+    def checkpoints(self) -> int:
+        """The checkpoints run so far."""
+        return self._checkpointer.checkpoints
 
-    def _set_checkpointer_idle(self, idle: bool) -> bool:
-        """Run the checkpointer thread as ``SCHED_IDLE`` (only when its core has nothing
-        else to run) or at normal priority; from any thread. Where Linux's policies are
-        missing, it stays normal. Returns whether its policy changed.
+    @property
+    def checkpointer_tid(self) -> int | None:
+        """The checkpointer's thread id (Linux), None until its thread runs."""
+        return self._checkpointer.tid
 
-        At normal priority the checkpointer took its share of the loop's core in the
-        middle of a burst: at 170,000 delivered/s it ran 24 ms a second and the loop waited
-        as long for its core. As ``SCHED_IDLE`` it runs in the loop's idle time, and a
-        loop that wakes takes the core back at once. A core with no idle time (the server
-        past its capacity) starves it: there 6 checkpoints ran in 45 s. So the loop
-        (:meth:`_watch_checkpointer`) puts a checkpoint that runs past
-        ``CATCH_UP_AFTER_S`` at normal priority, and the checkpointer goes back to
-        ``SCHED_IDLE`` when it ends (48 checkpoints in 45 s there).
-        """
-        tid = self.checkpointer_tid
-        if idle and not self._idle_policy:
-            return False  # CHAT_DB_CHECKPOINTER=normal
-        if idle == self.checkpointer_idle or tid is None or not hasattr(os, "SCHED_IDLE"):
-            return False
-        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
-        try:
-            os.sched_setscheduler(tid, policy, os.sched_param(0))
-        except OSError as exc:
-            logger.warning("history store: cannot set the checkpointer's policy: %s", exc)
-            return False
-        self.checkpointer_idle = idle
-        return True
+    @property
+    def checkpointer_idle(self) -> bool:
+        """Whether the checkpointer runs as ``SCHED_IDLE`` now."""
+        return self._checkpointer.idle
 
-    def _watch_checkpointer(self) -> None:
-        """Event loop, every ``CHECKPOINT_POLL_S``: a checkpoint running past
-        ``CATCH_UP_AFTER_S`` is starved (its core has no idle time), so it gets normal
-        priority until it ends."""
-        began = self._checkpoint_began
-        if (
-            began is not None
-            and time.monotonic() - began > CATCH_UP_AFTER_S
-            and self._set_checkpointer_idle(False)
-        ):
-            self.checkpoint_catch_ups += 1
-        assert self._loop is not None
-        self._watch = self._loop.call_later(CHECKPOINT_POLL_S, self._watch_checkpointer)
+    @property
+    def checkpoint_catch_ups(self) -> int:
+        """Times a checkpoint ran past ``CATCH_UP_AFTER_S`` and was put at normal priority."""
+        return self._checkpointer.catch_ups
 
-    def _checkpoint(self, conn: sqlite3.Connection, page_size: int, *, idle: bool = True) -> int:
-        """One PASSIVE checkpoint; sets or clears the blocked flag from what it left.
+    @property
+    def restart_hold_seconds(self) -> PlainHistogram:
+        """How long each of the checkpointer's holds of the commits lasted (s)."""
+        return self._checkpointer.restart_hold_seconds
 
-        Returns the frames the WAL holds since it last restarted when the checkpoint
-        copied all of them back, else 0 (some are held by a reader, or it failed).
-        ``idle``: put the checkpointer back to ``SCHED_IDLE`` afterwards, in case the
-        loop raised it.
-        """
-        started = time.perf_counter()
-        self._checkpoint_began = time.monotonic()
-        try:
-            _busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as exc:
-            logger.warning("history store: checkpoint failed: %s", exc)
-            return 0
-        finally:
-            self._checkpoint_began = None
-        took = time.perf_counter() - started
-        if took >= NOTABLE_LAG_S:
-            self.slow_checkpoints.append((time.time() - took, took, copied))
-        self.checkpoints += 1
-        if idle:
-            self._set_checkpointer_idle(True)
-        left_bytes = max(0, wal_frames - copied) * page_size
-        blocked = left_bytes > self._wal_max_bytes
-        if blocked != self._wal_blocked:
-            self._wal_blocked = blocked
-            if blocked:
-                logger.warning(
-                    "history store: %d MiB of WAL not checkpointed (a reader holds an old"
-                    " snapshot): refusing sends until a checkpoint catches up",
-                    left_bytes >> 20,
-                )
-            else:
-                logger.warning("history store: checkpoint caught up; accepting sends again")
-        return wal_frames if wal_frames == copied else 0
+    @property
+    def wal_restarts(self) -> int:
+        """How many of the checkpointer's holds restarted the WAL."""
+        return self._checkpointer.wal_restarts
 
-    def _restart_wal(
-        self, conn: sqlite3.Connection, page_size: int, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        """Checkpointer: make the WAL start again from its beginning, holding the
-        commits for a few milliseconds.
+    @property
+    def wal_file_bytes(self) -> int:
+        """The WAL file's size at the checkpointer's last look."""
+        return self._checkpointer.wal_file_bytes
 
-        SQLite restarts the WAL only when a write begins after a checkpoint copied every
-        frame back. Beside a commit every millisecond a PASSIVE checkpoint never ends
-        with nothing left, so under steady load the WAL never restarted and its file grew
-        by every commit (34 MB/s at 170,000 delivered/s, 2 GB a minute). So: PASSIVE
-        passes without holding anything (still in the loop's idle time), each copying
-        what came in during the one before, until one is short (``SHORT_PASS_S``); then,
-        at normal priority and holding ``_commit_lock`` (a commit on the loop that finds
-        it held waits in ``_pending``, the loop itself goes on), a ``RESTART`` checkpoint
-        copies the few frames the last pass let in, and a one-page write (``PRAGMA
-        user_version``, unchanged) restarts the WAL here. That write also syncs the new
-        WAL header (otherwise the loop's first commit after the restart would), and cuts
-        a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth back to that. An
-        outside reader or writer in the way makes it give up until the next time.
-        """
-        try:
-            for _ in range(RESTART_PASSES_MAX):
-                started = time.perf_counter()
-                if not self._checkpoint(conn, page_size, idle=False):
-                    return  # a reader holds frames back: no restart now
-                if time.perf_counter() - started < SHORT_PASS_S:
-                    break
-            # what follows holds the commits: it must not wait for the loop's idle time
-            self._set_checkpointer_idle(False)
-            with self._commit_lock:
-                started = time.perf_counter()
-                try:
-                    busy, _frames, _copied = conn.execute(
-                        "PRAGMA wal_checkpoint(RESTART)"
-                    ).fetchone()
-                    if not busy:
-                        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                except sqlite3.Error as exc:
-                    logger.warning("history store: restarting the WAL failed: %s", exc)
-                    busy = 1
-                held = time.perf_counter() - started
-            try:
-                loop.call_soon_threadsafe(self._after_hold)
-            except RuntimeError:
-                return  # the loop is closed
-            self.restart_hold_seconds.observe(held)
-            self.wal_restarts += not busy
-            if held >= NOTABLE_LAG_S:
-                self.slow_restart_holds.append((time.time() - held, held, int(not busy)))
-        finally:
-            self._set_checkpointer_idle(True)
+    @property
+    def wal_file_bytes_max(self) -> int:
+        """The largest WAL file the checkpointer saw."""
+        return self._checkpointer.wal_file_bytes_max
 
-    # ---- reads ---------------------------------------------------------------
+    @property
+    def slow_checkpoints(self) -> collections.deque[tuple[float, float, int]]:
+        """``(unix time, seconds, frames copied)`` of the last slow checkpoints."""
+        return self._checkpointer.slow_checkpoints
 
-    def _open_reader(self) -> None:
-        """Reader thread: open the read-only-by-pragma connection."""
-        try:
-            conn = sqlite3.connect(self._path, timeout=self._busy_timeout_s, isolation_level=None)
-            conn.execute("PRAGMA query_only = ON")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open history store {str(self._path)!r}: {exc}") from exc
-        self._read_conn = conn
+    @property
+    def slow_restart_holds(self) -> collections.deque[tuple[float, float, int]]:
+        """``(unix time, seconds, 1 if the WAL restarted)`` of the last slow restart holds."""
+        return self._checkpointer.slow_restart_holds
 
-    def _close_reader(self) -> None:
-        """Reader thread: close the read connection."""
-        if self._read_conn is not None:
-            self._read_conn.close()
-            self._read_conn = None
-
-    async def _read(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``query`` on the reader thread; map SQLite errors to ``StoreError``."""
-        if self._reader is None or self._closed:
-            reason = "closed" if self._closed else "not started"
-            raise StoreUnavailable(f"history store {reason}")
-        assert self._loop is not None
-        return await self._loop.run_in_executor(self._reader, self._run_query, query)
-
-    def _run_query(self, query: Callable[[sqlite3.Connection], _T]) -> _T:
-        conn = self._read_conn
-        if conn is None:
-            raise StoreUnavailable("history store closed")
-        try:
-            return query(conn)
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"history store unavailable: {exc}") from exc
-        except sqlite3.Error as exc:
-            raise StoreError(f"history store failed: {exc}") from exc
+    # ---- reads (on the reader's thread, see SqliteReader) --------------------
 
     async def history(self, room: str, before: int | None, limit: int) -> list[Message]:
         """The latest ``limit`` messages with ``seq < before`` (no bound when None), ascending."""
-        if limit <= 0:
-            return []
-
-        def query(conn: sqlite3.Connection) -> list[Message]:
-            if before is None:
-                rows = conn.execute(_SELECT_LATEST, (room, limit)).fetchall()
-            else:
-                rows = conn.execute(_SELECT_BEFORE, (room, before, limit)).fetchall()
-            rows.reverse()
-            return _messages(room, rows)
-
-        return await self._read(query)
+        return await self._reads.history(room, before, limit)
 
     async def recent_sends(self, since_ms: int, limit: int) -> list[Message]:
         """The newest ``limit`` messages with a ``ref`` and ``ts >= since_ms``, oldest first."""
-        return await self._read(lambda conn: _recent_sends(conn, since_ms, limit))
+        return await self._reads.recent_sends(since_ms, limit)
 
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
-        if limit <= 0:
-            return []
-
-        def query(conn: sqlite3.Connection) -> list[Message]:
-            return _messages(room, conn.execute(_SELECT_AFTER, (room, after_seq, limit)).fetchall())
-
-        return await self._read(query)
-
-
-def _recent_sends(conn: sqlite3.Connection, since_ms: int, limit: int) -> list[Message]:
-    """The newest ``limit`` messages with a ``ref`` and ``ts >= since_ms``, oldest first.
-
-    Each room's tail is read backwards by its primary key and stops at the first
-    message older than the window (``ts`` rises with ``seq`` within a room), so the
-    cost is the window's messages, not the table.
-    """
-    found: list[Message] = []
-    rooms = [room for (room,) in conn.execute("SELECT room FROM rooms")]
-    for room in rooms:
-        rows = conn.execute(
-            "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC",
-            (room,),
-        )
-        for seq, user, body, ts, ref in rows:
-            if ts < since_ms:
-                break
-            if ref is not None:
-                found.append(Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref))
-    found.sort(key=lambda message: message.ts)
-    return found[-limit:]
-
-
-def _messages(room: str, rows: list[tuple[int, str, str, int, str | None]]) -> list[Message]:
-    """Turn ``(seq, user, body, ts, ref)`` rows into messages of ``room``."""
-    return [
-        Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref)
-        for seq, user, body, ts, ref in rows
-    ]
+        return await self._reads.after(room, after_seq, limit)

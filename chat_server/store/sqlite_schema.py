@@ -1,0 +1,142 @@
+"""The history file's layout: its tables, every SQL statement on them, and how it is opened.
+
+The file holds two tables: ``messages`` (one row per committed message, keyed by
+``(room, seq)``) and ``rooms`` (each room's last ``seq``, kept apart from its messages
+so that numbering continues when old messages are trimmed). ``PRAGMA user_version``
+records the layout (:data:`SCHEMA_VERSION`); a file with a newer one is refused.
+Every ``SELECT`` on ``messages`` returns ``(seq, user, body, ts, ref)`` rows, which
+:func:`rows_to_messages` turns into messages.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Final
+
+from chat_server.errors import StoreError
+from chat_server.messages import Message
+
+__all__ = [
+    "INSERT_MESSAGE",
+    "SCHEMA_VERSION",
+    "SELECT_AFTER",
+    "SELECT_BEFORE",
+    "SELECT_LATEST",
+    "SELECT_ROOMS",
+    "SELECT_ROOM_NEWEST_FIRST",
+    "SYNCHRONOUS",
+    "TRIM_ROOM",
+    "UPSERT_ROOM",
+    "open_writer",
+    "rows_to_messages",
+]
+
+SCHEMA_VERSION: Final = 1
+"""The ``PRAGMA user_version`` this module writes and understands."""
+
+_SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS messages (
+        room TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        user TEXT NOT NULL,
+        body TEXT NOT NULL,
+        ts INTEGER NOT NULL,
+        ref TEXT,
+        PRIMARY KEY (room, seq)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS rooms (
+        room TEXT PRIMARY KEY,
+        last_seq INTEGER NOT NULL
+    )""",
+)
+INSERT_MESSAGE: Final = (
+    "INSERT INTO messages (room, seq, user, body, ts, ref) VALUES (?, ?, ?, ?, ?, ?)"
+)
+UPSERT_ROOM: Final = (
+    "INSERT INTO rooms (room, last_seq) VALUES (?, ?)"
+    " ON CONFLICT (room) DO UPDATE SET last_seq = excluded.last_seq"
+)
+TRIM_ROOM: Final = "DELETE FROM messages WHERE room = ? AND seq <= ?"
+SELECT_LATEST: Final = (
+    "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC LIMIT ?"
+)
+SELECT_BEFORE: Final = (
+    "SELECT seq, user, body, ts, ref FROM messages"
+    " WHERE room = ? AND seq < ? ORDER BY seq DESC LIMIT ?"
+)
+SELECT_AFTER: Final = (
+    "SELECT seq, user, body, ts, ref FROM messages"
+    " WHERE room = ? AND seq > ? ORDER BY seq ASC LIMIT ?"
+)
+SELECT_ROOMS: Final = "SELECT room FROM rooms"
+SELECT_ROOM_NEWEST_FIRST: Final = (
+    "SELECT seq, user, body, ts, ref FROM messages WHERE room = ? ORDER BY seq DESC"
+)
+
+#: the store's ``synchronous`` setting -> SQLite's ``PRAGMA synchronous`` value
+SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
+
+
+def open_writer(
+    path: Path, *, synchronous: str, open_timeout_s: float, busy_timeout_s: float
+) -> tuple[sqlite3.Connection, dict[str, int]]:
+    """Open the write connection: create the file and schema if missing, apply the pragmas.
+
+    Returns the connection and every room's last ``seq``. Opening and creating the
+    schema may wait ``open_timeout_s`` for another process; afterwards the connection
+    waits ``busy_timeout_s`` on a lock. It never checkpoints (``synchronous`` is the
+    ``PRAGMA synchronous`` value, see :data:`SYNCHRONOUS`) and never cuts the WAL file
+    back. Raises ``StoreError`` naming the path when the file cannot be opened, cannot
+    use WAL mode or has a newer schema.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=open_timeout_s, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
+    try:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"history store {str(path)!r} cannot use WAL mode ({mode})")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"history store {str(path)!r} has schema version {version};"
+                    f" this chatlab knows up to {SCHEMA_VERSION}"
+                )
+            if version < SCHEMA_VERSION:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            room_seqs = dict(conn.execute("SELECT room, last_seq FROM rooms"))
+            conn.execute("COMMIT")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        # This connection never cuts the WAL file back: the cut is an ftruncate in the
+        # commit that restarts it, on the loop with CHAT_DB_COMMIT=loop, where one took
+        # 201 ms (strace, 2,000 connections), and cutting a WAL grown under load stalled
+        # the first second after every pause (docs/performance.md). The checkpointer's
+        # restarts cut it instead (see chat_server.store.sqlite_wal).
+        conn.execute("PRAGMA journal_size_limit = -1")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StoreError(f"cannot open history store {str(path)!r}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn, room_seqs
+
+
+def rows_to_messages(room: str, rows: list[tuple[int, str, str, int, str | None]]) -> list[Message]:
+    """Turn ``(seq, user, body, ts, ref)`` rows into messages of ``room``."""
+    return [
+        Message(room=room, seq=seq, user=user, body=body, ts=ts, ref=ref)
+        for seq, user, body, ts, ref in rows
+    ]
