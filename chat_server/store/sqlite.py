@@ -22,8 +22,8 @@ Where that transaction runs is ``commit_on``:
 
 Each room's ``seq`` is assigned inside the transaction and handed to the messages
 only after ``COMMIT`` succeeded, so a failed batch consumes none. Each batch's
-outcome is reported on the event loop, in commit order, through the ``on_batch``
-callback.
+outcome is reported on the event loop, in commit order, to the callback given to
+:meth:`~chat_server.store.base.HistoryStore.report_to` (the service's ``committed``).
 
 Checkpoints never run inside a commit (``wal_autocheckpoint`` is off): a
 checkpointer thread with its own connection checkpoints the WAL and restarts it
