@@ -33,7 +33,6 @@ import math
 import random
 import time
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 import gevent
@@ -44,14 +43,12 @@ from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
-from chat_server.codecs import CODEC_NAMES, get_codec
 from loadtest.client import (
     CONNECT,
     FANOUT,
     HTTP,
     WS,
     AuthClient,
-    Ledger,
     LoadTestFailure,
     RelaySession,
     Session,
@@ -60,27 +57,17 @@ from loadtest.client import (
     room_name,
     username,
 )
-from loadtest.profiles import (
-    PROFILES,
-    Schedule,
-    judge,
-    parse_pause,
-    parse_slo,
-    parse_stages,
-)
+from loadtest.options import Options, add_arguments, resolve_options
+from loadtest.profiles import Schedule, judge
+from loadtest.state import LATE_SEND_THRESHOLD_S, Plan, Process
 
 log = logging.getLogger("loadtest")
 
 DEFAULT_HOST = "ws://127.0.0.1:8000/ws"
-DEFAULT_AUTH_URL = "http://127.0.0.1:8001"
 #: a process whose CPU passes this (percent of one core) is overloaded
 CPU_OVERLOAD_PERCENT = 90.0
-#: a send later than its schedule by more than this is late
-LATE_SEND_THRESHOLD_S = 0.1
 #: a user this far behind its schedule starts a new one (at most this much catching up)
 BACKLOG_LIMIT_S = 1.0
-#: a user stopping this long after the run went quiet has every message in flight
-TAIL_SETTLE_S = 2.0
 #: logins in flight at once during prelogin (each costs the auth service an argon2 hash)
 PRELOGIN_CONCURRENCY = 8
 #: seconds a user waits before reconnecting after a failure
@@ -100,221 +87,12 @@ class GeneratorOverload(LoadTestFailure):
     """This load generator could not keep up: its numbers include its own delay."""
 
 
-# ---- options ----------------------------------------------------------------------
+# ---- options: loadtest.options, added to Locust's command line -------------------
+
+events.init_command_line_parser.add_listener(add_arguments)
 
 
-@events.init_command_line_parser.add_listener
-def _add_arguments(parser: Any, **_kwargs: Any) -> None:
-    parser.add_argument(
-        "--load-profile",
-        choices=list(PROFILES),
-        default="gentle",
-        help="named load profile: "
-        + "; ".join(f"{p.name}: {p.description}" for p in PROFILES.values())
-        + " [gentle]",
-    )
-    parser.add_argument(
-        "--stages",
-        default="",
-        help="custom stage table DURATION:USERS[@RATE][:quiet],... e.g. 30s:20@5,60s:20,30s:0 "
-        "(overrides --load-profile's stages; a quiet tail is appended unless the last is quiet)",
-    )
-    parser.add_argument(
-        "--pause",
-        default="",
-        help="seconds between one user's sends, MIN-MAX (default: the profile's)",
-    )
-    parser.add_argument(
-        "--auth-url", default=DEFAULT_AUTH_URL, help=f"auth service [{DEFAULT_AUTH_URL}]"
-    )
-    parser.add_argument(
-        "--auth-mode",
-        choices=["login", "prelogin"],
-        default="login",
-        help="login: each user logs in as it starts; prelogin: all tokens first, "
-        "users idle until everyone is connected [login]",
-    )
-    parser.add_argument(
-        "--token-file",
-        default="",
-        help="JSON {username: token}: take tokens from it instead of the auth service",
-    )
-    parser.add_argument("--room-size", type=int, default=10, help="users per room [10]")
-    parser.add_argument(
-        "--slo",
-        default="",
-        help="fanout thresholds in ms, e.g. p90=200,p95=500,p99=1000: exit 1 if broken",
-    )
-    parser.add_argument(
-        "--target",
-        choices=["chat", "relay"],
-        default="chat",
-        help="chat: the chat server; relay: python -m bench.relay (measures this generator) [chat]",
-    )
-    parser.add_argument(
-        "--serializer",
-        choices=list(CODEC_NAMES),
-        default="orjson",
-        help="the chat server's SERIALIZER (json and orjson speak JSON) [orjson]",
-    )
-    parser.add_argument(
-        "--user-prefix", default="load", help="user names are PREFIX0, PREFIX1... [load]"
-    )
-    parser.add_argument(
-        "--deflate",
-        choices=["on", "off"],
-        default="on",
-        help="offer permessage-deflate, as browsers do (used only if the server's WS_DEFLATE "
-        "is on) [on]",
-    )
-    parser.add_argument(
-        "--delivery-report",
-        default="",
-        help="write delivery counts, generator load and the verdict to this JSON file",
-    )
-
-
-@dataclass(frozen=True)
-class Options:
-    """The custom options, parsed and checked once per run."""
-
-    target: str
-    stages_source: str
-    schedule: Schedule
-    pause_s: tuple[float, float]
-    auth_url: str
-    auth_mode: str
-    token_file: str
-    room_size: int
-    slo: dict[str, tuple[float, float]]
-    serializer: str
-    user_prefix: str
-    delivery_report: str
-    deflate: bool
-
-
-def resolve_options(parsed: Any) -> Options:
-    """Build :class:`Options` from Locust's parsed options; ValueError names a bad one.
-
-    Stages come from ``--stages``, else from ``--load-profile``; the pause from
-    ``--pause``, else from the profile. (Locust's ``-u``/``-r``/``-t`` do not apply: the
-    stage table decides, and Locust says so when they are given.)
-    """
-    profile = PROFILES[parsed.load_profile]
-    if parsed.stages:
-        stages, source = parse_stages(parsed.stages), f"--stages {parsed.stages}"
-    else:
-        stages, source = profile.stages, f"profile {profile.name}"
-    if parsed.room_size < 1:
-        raise ValueError(f"--room-size {parsed.room_size}: must be 1 or more")
-    return Options(
-        target=parsed.target,
-        stages_source=source,
-        schedule=Schedule(stages),
-        pause_s=parse_pause(parsed.pause) if parsed.pause else profile.pause_s,
-        auth_url=parsed.auth_url,
-        auth_mode=parsed.auth_mode,
-        token_file=parsed.token_file,
-        room_size=parsed.room_size,
-        slo=parse_slo(parsed.slo),
-        serializer=parsed.serializer,
-        user_prefix=parsed.user_prefix,
-        delivery_report=parsed.delivery_report,
-        deflate=parsed.deflate == "on",
-    )
-
-
-# ---- this process's state ------------------------------------------------------------
-
-
-class SlotPool:
-    """Slot numbers for this process's users: the lowest free one first, so rooms fill in order."""
-
-    def __init__(self) -> None:
-        self._free: list[int] = []
-        self._next = 0
-
-    def acquire(self) -> int:
-        """A slot no live user holds."""
-        if self._free:
-            self._free.sort()
-            return self._free.pop(0)
-        self._next += 1
-        return self._next - 1
-
-    def release(self, slot: int) -> None:
-        """Give a slot back."""
-        self._free.append(slot)
-
-
-@dataclass
-class Plan:
-    """How this process's users are named: set by the master (or locally) at test start."""
-
-    processes: int = 1
-    index: int = 0
-    tokens: dict[str, str] = field(default_factory=dict)
-
-
-class Process:
-    """One Locust process's part of the current run; reset at each test start."""
-
-    def __init__(self) -> None:
-        self.options: Options | None = None
-        self.plan = Plan()
-        self.ledger = Ledger(late_threshold_s=LATE_SEND_THRESHOLD_S)
-        self.slots = SlotPool()
-        self.sending = Event()
-        self.sending.set()
-        self.quiet_since: float | None = None
-        self.gate = Event()
-        self.connected = 0
-        self.cpu_max = 0.0
-        self.cpu_over_s = 0
-        self.overload_seconds = 0
-        self.monitor: gevent.Greenlet | None = None
-        self.runner: Runner | None = None
-        self.codec = get_codec("orjson")
-
-    def reset(self, options: Options) -> None:
-        """Start a new run with ``options``: fresh counters, sending allowed, gate per auth mode."""
-        self.options = options
-        self.ledger = Ledger(late_threshold_s=LATE_SEND_THRESHOLD_S)
-        self.slots = SlotPool()
-        self.sending.set()
-        self.quiet_since = None
-        self.connected = 0
-        self.cpu_max = 0.0
-        self.cpu_over_s = 0
-        self.overload_seconds = 0
-        self.codec = get_codec(options.serializer)
-        if options.auth_mode == "prelogin" and options.target == "chat":
-            self.gate.clear()
-        else:
-            self.gate.set()
-
-    def set_quiet(self, quiet: bool) -> None:
-        """Stop (``quiet``) or resume sending; users keep receiving either way."""
-        if quiet:
-            self.quiet_since = time.monotonic()
-            self.sending.clear()
-        else:
-            self.quiet_since = None
-            self.sending.set()
-
-    def tail_settled(self) -> bool:
-        """True once the run has been quiet for :data:`TAIL_SETTLE_S`."""
-        return self.quiet_since is not None and time.monotonic() - self.quiet_since >= TAIL_SETTLE_S
-
-    def snapshot(self) -> dict[str, Any]:
-        """Counters for the master and the final report."""
-        return {
-            **self.ledger.counts(),
-            "cpu_max_percent": round(self.cpu_max, 1),
-            "cpu_over_90_s": self.cpu_over_s,
-            "overload_seconds": self.overload_seconds,
-        }
-
+# ---- this process's state (loadtest.state) ----------------------------------------------
 
 PROCESS = Process()
 _worker_snapshots: dict[str, dict[str, Any]] = {}
