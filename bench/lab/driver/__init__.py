@@ -54,89 +54,27 @@ Exit status: 0 when every step ran, 1 when the connections could not be opened
 (or joined), 2 for a bad argument.
 """
 
-from importlib import import_module
+from bench.lab.driver.climb import next_climb_rate, worth_a_rerun
+from bench.lab.driver.config import DriverConfig, parse_args
+from bench.lab.driver.connections import DEFLATE_OFFER, negotiated_deflate
+from bench.lab.driver.frames import DIGITS, MARKER, MIN_BODY_CHARS, send_frame
+from bench.lab.driver.latency import LatencyHistogram
+from bench.lab.driver.run import Driver, main
 
-#: the public names, by the module of this package that defines each; a name is imported
-#: from its module on first use, so this package imports none of its modules and none of
-#: them imports it (``python -m bench.lab.driver`` runs :mod:`bench.lab.driver.run`)
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "climb": (
-        "next_climb_rate",
-        "worth_a_rerun",
-    ),
-    "clock": ("WakeTimer",),
-    "config": (
-        "DEFAULT_URLS",
-        "TARGETS",
-        "DriverConfig",
-        "load_tokens",
-        "parse_args",
-    ),
-    "connections": (
-        "DEFLATE_OFFER",
-        "MAX_BUFFERED_BYTES",
-        "MAX_FRAME_BYTES",
-        "MAX_PENDING_ACKS",
-        "Connection",
-        "DeflateConnection",
-        "SetupError",
-        "negotiated_deflate",
-    ),
-    "frames": (
-        "DIGITS",
-        "MARKER",
-        "MIN_BODY_CHARS",
-        "REF_PLACEHOLDER",
-        "decode_frame",
-        "frame_kind_reader",
-        "send_frame",
-    ),
-    "latency": (
-        "HIST_DIGITS",
-        "HIST_MAX_US",
-        "HIST_MIN_US",
-        "LatencyHistogram",
-        "parse_times",
-    ),
-    "run": (
-        "CLOSE_TIMEOUT_S",
-        "EXIT_CONNECT_FAILED",
-        "EXIT_OK",
-        "FLUSH_INTERVAL_NS",
-        "MAX_BATCH",
-        "MIN_WAKE_INTERVAL_NS",
-        "POINT_INTERVAL_NS",
-        "RETRY_AFTER_S",
-        "SETTLE_MOST_S",
-        "SETTLE_QUIET_S",
-        "Driver",
-        "main",
-    ),
-    "step": (
-        "BEHIND_NS",
-        "BEHIND_SHARE",
-        "CPU_LIMIT_PERCENT",
-        "LATE_NS",
-        "MAX_LAG_LIMIT_MS",
-        "RUNQ_WAIT_LIMIT",
-        "StepRecorder",
-        "summary_line",
-    ),
-}
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = list(_MODULE_OF)
-
-
-def __getattr__(name: str) -> object:
-    """A public name of the driver, imported from its module (then kept here)."""
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """The module's names and the public names of the driver."""
-    return sorted({*globals(), *__all__})
+# the package's modules import one another directly, never this file, so re-exporting
+# them here makes no circle; ``python -m bench.lab.driver`` runs :func:`main`
+__all__ = [
+    "DEFLATE_OFFER",
+    "DIGITS",
+    "MARKER",
+    "MIN_BODY_CHARS",
+    "Driver",
+    "DriverConfig",
+    "LatencyHistogram",
+    "main",
+    "negotiated_deflate",
+    "next_climb_rate",
+    "parse_args",
+    "send_frame",
+    "worth_a_rerun",
+]
