@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from chat_server.core.idempotency import RecentSends
 from chat_server.errors import BrokerUnavailable, ChatError, ErrorCode, ProtocolError, StoreError
 from chat_server.messages import History, HistoryRequest, Join, Leave, Message, Send
 from chat_server.metrics import Counters
-from chat_server.shared import SharedRooms
+from chat_server.shared import Frame, SharedRooms
 from chat_server.store.base import BatchResult, HistoryStore, StoreStats
 
 log = logging.getLogger("chat_server")
@@ -39,7 +40,6 @@ log = logging.getLogger("chat_server")
 REPLAY_PAGE = 200
 
 SendPaced = Callable[[bytes], Awaitable[None]]
-Frame = bytes | str
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class ChatService:
         }
         self._committed = self._deliver_and_ack if self.shared is None else self.shared.committed
         #: sessions whose frames wait behind a join (always empty with one process)
-        self._held = {} if self.shared is None else self.shared.held
+        self._held: dict[Session, deque[Frame]] = {} if self.shared is None else self.shared.held
         store.report_to(self.committed)
         if self.shared is not None:
             broker.report_to(self.shared)
