@@ -120,6 +120,9 @@ def _shared_service(
     broker = RedisBroker(client=client, worker=worker.id, lease_s=settings.presence_lease_s)
     service: ChatService | None = None
 
+    # the core is built before the service and its shared rooms, which must hear when it
+    # closes a room (to unsubscribe and release the room's waiting acks): this looks them
+    # up at that moment, which is always after the service exists
     def room_closed(room: str) -> None:
         assert service is not None and service.shared is not None
         service.shared.room_closed(room)
@@ -143,13 +146,13 @@ def _shared_service(
         max_history_bytes=settings.max_history_bytes,
         blocking_send_s=regression.blocking_send_s,
         release=(client.aclose,),
-        shared=lambda service: SharedRooms(
+        shared=lambda owner: SharedRooms(
             core,
             broker,
             counters,
-            join_now=service.join_now,
-            dispatch=service.dispatch,
-            spawn=service.spawn,
+            join_now=owner.join_now,
+            dispatch=owner.dispatch,
+            spawn=owner.spawn,
         ),
     )
     return service
