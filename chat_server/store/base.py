@@ -3,7 +3,7 @@
 The store assigns each room's ``seq`` when it commits, so a batch that fails
 consumes none and a shared store can number messages for many processes. Writes
 are submitted without waiting; the store reports each committed (or failed)
-batch back on the event loop through the ``on_batch`` callback it was built with.
+batch back on the event loop to the callback given to :meth:`HistoryStore.report_to`.
 """
 
 from __future__ import annotations
