@@ -16,7 +16,7 @@ from types import FrameType
 
 import uvicorn
 
-from auth_service.app import build_api, create_app
+from auth_service.app import build_api, create_app, server_config
 from auth_service.passwords import Argon2Params, PasswordPool
 from auth_service.settings import SettingError, Settings, settings_help
 from auth_service.tokens import (
@@ -94,17 +94,10 @@ async def serve(settings: Settings, keyring: Keyring) -> int:
     try:
         await passwords.start()
         api = build_api(settings, passwords, users, keyring)
-        config = uvicorn.Config(
+        config = server_config(
             create_app(api, settings.cors_origins),
-            host=settings.host,
-            port=settings.port,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            # the peer's address is the client: X-Forwarded-For would let anyone
-            # choose the address the per-client rate limits count against
-            proxy_headers=False,
+            settings.host,
+            settings.port,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
         server = uvicorn.Server(config)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -308,3 +309,24 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises after this answer, and uvicorn logs the traceback
     return _error(500, "internal", "the service failed", None)
+
+
+def server_config(app: Starlette, host: str, port: int, **extra: Any) -> uvicorn.Config:
+    """uvicorn's settings for the API, the same for the service and the inline login.
+
+    No lifespan, no uvicorn logging config (the process's own), no access log or
+    ``Server`` header; ``extra`` adds uvicorn options (a graceful-shutdown bound).
+    """
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        # the peer's address is the client: X-Forwarded-For would let anyone choose the
+        # address the per-client rate limits count against
+        proxy_headers=False,
+        **extra,
+    )

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from auth_service.app import build_api, create_app
+from auth_service.app import build_api, create_app, server_config
 from auth_service.passwords import Argon2Params, InlinePasswords
 from auth_service.settings import Settings as AuthSettings
 from auth_service.tokens import KeyFiles, read_keys
@@ -61,16 +61,7 @@ class InlineLogin:
         passwords = InlinePasswords(Argon2Params.from_settings(auth))
         await passwords.start()
         api = build_api(auth, passwords, self._users, keyring)
-        config = uvicorn.Config(
-            create_app(api),
-            host=self.host,
-            port=self.port,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            proxy_headers=False,
-        )
+        config = server_config(create_app(api), self.host, self.port)
         self._server = _EmbeddedServer(config)
         self._task = asyncio.ensure_future(self._server.serve())
         while not self._server.started:

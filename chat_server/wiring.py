@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from chat_server.broker.base import Broker
 from chat_server.broker.memory import MemoryBroker
 from chat_server.codecs.base import Codec
 from chat_server.core.chat import ChatCore, EncodingPerRecipientCore
@@ -25,10 +26,21 @@ from chat_server.regressions import Regression
 from chat_server.service import ChatService, Worker
 from chat_server.settings import Settings
 from chat_server.shared import SharedRooms
+from chat_server.store.base import HistoryStore
 from chat_server.store.sqlite import SqliteHistoryStore, WriterThreadHook
 
-if TYPE_CHECKING:
-    from chat_server.broker.base import Broker
+
+@dataclass(frozen=True)
+class _Backend:
+    """What ``BROKER`` chooses: the store, the broker, where the core reads ``last_seq``."""
+
+    store: HistoryStore
+    broker: Broker
+    #: the last seq this process delivered of a room: the store's (one process) or the
+    #: broker's (shared rooms: delivery lags the commit)
+    last_seq: Callable[[str], int]
+    #: closed after the store and broker (the Redis client both share)
+    release: tuple[Callable[[], Awaitable[None]], ...] = ()
 
 
 def build_service(
@@ -46,16 +58,70 @@ def build_service(
     worker = Worker(worker_index, f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
     regression = Regression.of(settings)
     counters = Counters()
-    recent_sends = RecentSends(round(settings.send_ref_window_s * 1000), settings.send_ref_max)
     if settings.broker == "redis":
-        return _shared_service(
-            settings,
-            codec,
-            worker=worker,
-            regression=regression,
-            counters=counters,
-            recent_sends=recent_sends,
+        backend = _redis_backend(settings, worker, regression, counters)
+    else:
+        backend = _sqlite_backend(settings, regression, counters, writer_hook)
+    broker = backend.broker
+    # a broker that hands this process its own commits back shares rooms between
+    # processes: SharedRooms' rules (acks after delivery, joins that wait) apply
+    shared = broker.delivers_commits
+    service: ChatService | None = None
+
+    # with shared rooms the core, built before the service, must tell the service's
+    # shared rooms when it closes a room (to unsubscribe and release the room's waiting
+    # acks): this looks them up at that moment, always after the service exists
+    def shared_room_closed(room: str) -> None:
+        assert service is not None and service.shared is not None
+        service.shared.room_closed(room)
+
+    core_class = EncodingPerRecipientCore if regression.encode_per_recipient else ChatCore
+    core = core_class(
+        codec,
+        backend.last_seq,
+        max_body_chars=settings.max_body_chars,
+        max_protocol_errors=settings.max_protocol_errors,
+        rate_limit_per_s=settings.rate_limit_per_s,
+        rate_limit_burst=settings.rate_limit_burst,
+        room_opened=broker.subscribe,
+        room_closed=shared_room_closed if shared else broker.unsubscribe,
+        remote_members=broker.members,
+        presence_changed=broker.presence_changed,
+    )
+
+    def shared_rooms(owner: ChatService) -> SharedRooms:
+        return SharedRooms(
+            core,
+            broker,
+            counters,
+            join_now=owner.join_now,
+            dispatch=owner.dispatch,
+            spawn=owner.spawn,
         )
+
+    service = ChatService(
+        codec=codec,
+        core=core,
+        store=backend.store,
+        broker=broker,
+        counters=counters,
+        recent_sends=RecentSends(round(settings.send_ref_window_s * 1000), settings.send_ref_max),
+        worker=worker,
+        max_history_bytes=settings.max_history_bytes,
+        blocking_send_s=regression.blocking_send_s,
+        release=backend.release,
+        shared=shared_rooms if shared else None,
+    )
+    return service
+
+
+def _sqlite_backend(
+    settings: Settings,
+    regression: Regression,
+    counters: Counters,
+    writer_hook: WriterThreadHook | None,
+) -> _Backend:
+    """BROKER=memory: SQLite history and the in-process broker (one process)."""
     store = SqliteHistoryStore(
         path=settings.chat_db,
         synchronous=settings.chat_db_synchronous,
@@ -70,38 +136,13 @@ def build_service(
         wal_max_bytes=settings.chat_db_wal_max_bytes,
         commit_seconds=counters.commit_seconds,
     )
-    broker = MemoryBroker()
-    core = _core(
-        settings,
-        codec,
-        regression=regression,
-        last_seq=store.last_seq,
-        broker=broker,
-        room_closed=broker.unsubscribe,
-    )
-    return ChatService(
-        codec=codec,
-        core=core,
-        store=store,
-        broker=broker,
-        counters=counters,
-        recent_sends=recent_sends,
-        worker=worker,
-        max_history_bytes=settings.max_history_bytes,
-        blocking_send_s=regression.blocking_send_s,
-    )
+    return _Backend(store=store, broker=MemoryBroker(), last_seq=store.last_seq)
 
 
-def _shared_service(
-    settings: Settings,
-    codec: Codec,
-    *,
-    worker: Worker,
-    regression: Regression,
-    counters: Counters,
-    recent_sends: RecentSends,
-) -> ChatService:
-    """BROKER=redis: Redis history and broker on one client, and the shared rooms' rules."""
+def _redis_backend(
+    settings: Settings, worker: Worker, regression: Regression, counters: Counters
+) -> _Backend:
+    """BROKER=redis: Redis history and broker on one client (many processes or machines)."""
     # imported only when chosen: the redis client is not loaded for one process
     from chat_server.broker.redis import RedisBroker  # noqa: PLC0415
     from chat_server.redis_rooms import connect_redis  # noqa: PLC0415
@@ -118,66 +159,4 @@ def _shared_service(
         send_ref_window_s=settings.send_ref_window_s,
     )
     broker = RedisBroker(client=client, worker=worker.id, lease_s=settings.presence_lease_s)
-    service: ChatService | None = None
-
-    # the core is built before the service and its shared rooms, which must hear when it
-    # closes a room (to unsubscribe and release the room's waiting acks): this looks them
-    # up at that moment, which is always after the service exists
-    def room_closed(room: str) -> None:
-        assert service is not None and service.shared is not None
-        service.shared.room_closed(room)
-
-    core = _core(
-        settings,
-        codec,
-        regression=regression,
-        last_seq=broker.last_seq,
-        broker=broker,
-        room_closed=room_closed,
-    )
-    service = ChatService(
-        codec=codec,
-        core=core,
-        store=store,
-        broker=broker,
-        counters=counters,
-        recent_sends=recent_sends,
-        worker=worker,
-        max_history_bytes=settings.max_history_bytes,
-        blocking_send_s=regression.blocking_send_s,
-        release=(client.aclose,),
-        shared=lambda owner: SharedRooms(
-            core,
-            broker,
-            counters,
-            join_now=owner.join_now,
-            dispatch=owner.dispatch,
-            spawn=owner.spawn,
-        ),
-    )
-    return service
-
-
-def _core(
-    settings: Settings,
-    codec: Codec,
-    *,
-    regression: Regression,
-    last_seq: Callable[[str], int],
-    broker: Broker,
-    room_closed: Callable[[str], None],
-) -> ChatCore:
-    """The core over the broker's seams (REGRESSION=encode_per_recipient: its own kind)."""
-    core_class = EncodingPerRecipientCore if regression.encode_per_recipient else ChatCore
-    return core_class(
-        codec,
-        last_seq,
-        max_body_chars=settings.max_body_chars,
-        max_protocol_errors=settings.max_protocol_errors,
-        rate_limit_per_s=settings.rate_limit_per_s,
-        rate_limit_burst=settings.rate_limit_burst,
-        room_opened=broker.subscribe,
-        room_closed=room_closed,
-        remote_members=broker.members,
-        presence_changed=broker.presence_changed,
-    )
+    return _Backend(store=store, broker=broker, last_seq=broker.last_seq, release=(client.aclose,))
