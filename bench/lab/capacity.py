@@ -62,7 +62,16 @@ def climb(
             sampler.watch("redis", lab.redis.proc.pid)
         time.sleep(load.settle_s)
         lab._phase(config, repeat, f"climbing from {start_rate:,.0f} sent/s")
-        run.steps.extend(lab.fast_step(config, climbing, server.url, workdir, sampler))  # type: ignore[attr-defined]
+        run.steps.extend(
+            lab.fast_step(
+                config,
+                climbing,
+                server.url,  # type: ignore[attr-defined]
+                workdir,
+                sampler,
+                server_pid=server.proc.pid,
+            )
+        )
         run.knee = {**edge(run, slo_ms), "room_size": load.room_size}
     except KeyboardInterrupt:
         run.status = "interrupted"
@@ -74,6 +83,7 @@ def climb(
         if server is not None:
             lab.stop_target(server, run)
         run.samples = sampler.stop()
+        run.host = sampler.host
     return run
 
 

@@ -13,20 +13,77 @@ climb's resolution. Otherwise it is "not confirmed", with the reason. A knee tha
 lower bound (the driver was the limit, or nothing broke up to the climb's top rate) makes
 a "higher" claim a lower bound and a "lower" claim impossible.
 
+Beside each knee, what a frame costs: the server's CPU µs per delivered frame at the
+matrix's stated cost rates (``Step.cost`` steps, made before each climb). It holds where a
+knee is only a lower bound, so it is the first measure. Costs are compared with the rung
+before (what that step of the ladder bought), the baseline and the relay of the same
+transport, by the same rule against their own floor (:func:`pairwise_floor` of the A/A
+pair at that rate). A difference that rests on a busy step (:mod:`bench.lab.machine`)
+reads "not confirmed: the machine was busy", whatever its size.
+
 No I/O: the report draws and renders what this returns.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.lab.results import Results, Run, edge, parse_slo
+from bench.lab.machine import BUSY, MachineLoad, MachineVerdict, is_busy, machine_verdict
+from bench.lab.results import Results, Run, Step, edge, parse_slo
 
 #: the climb's bisection resolution: two knees closer than this are not told apart
 RESOLUTION = 0.05
 DASH = "\u2013"  # en dash: between the ends of a range
 TIMES = "\u00d7"  # multiplication sign: before a ratio
+
+
+def pairwise_floor(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
+    """Two series that should be equal (an A/A pair, repeat i with repeat i): the largest
+    relative difference between them, larger over smaller; None when no repeat has both.
+    Every floor in the lab (knees, CPU per frame, the driver tables' figures) is this."""
+    diffs = [
+        max(x, y) / min(x, y) - 1
+        for x, y in zip(a, b, strict=False)
+        if x is not None and y is not None and min(x, y) > 0
+    ]
+    return max(diffs) if diffs else None
+
+
+def step_load(step: Step) -> MachineLoad | None:
+    """What else ran on the machine over ``step``'s window (None: not read)."""
+    if step.others_cpu_s is None or step.steal_s is None:
+        return None
+    return MachineLoad.over(step.window_s, step.others_cpu_s, step.steal_s)
+
+
+@dataclass
+class Cost:
+    """One rung's CPU µs per delivered frame at one offered rate, per repeat (None where
+    the step is missing or its CPU was not read)."""
+
+    rate: float  # offered sends/s
+    values: list[float | None]
+    delivered_per_s: list[float]
+    busy: list[bool]  # the step's window was busy (bench.lab.machine)
+    held: list[bool]  # the step held the SLO: a cost where it did not is an overload's
+
+    @property
+    def known(self) -> list[float]:
+        return [v for v in self.values if v is not None]
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.known) if self.known else None
+
+    def label(self) -> str:
+        """The median with its range over repeats, "(busy)" when any window was."""
+        if not self.known:
+            return DASH
+        low, high = min(self.known), max(self.known)
+        spread = f" ({low:.1f}{DASH}{high:.1f})" if len(self.known) > 1 else ""
+        return f"{self.median:.1f}{spread}" + (" busy" if any(self.busy) else "")
 
 
 @dataclass
@@ -46,6 +103,11 @@ class Rung:
     deflate: bool = False
     reruns: int = 0  # steps run again because they stalled
     stalled_steps: int = 0
+    transport: str = "websockets"
+    same_as: str = ""  # an A/A twin of that rung
+    costs: dict[float, Cost] = field(default_factory=dict)  # offered sends/s -> cost
+    # per repeat: a step that decided the knee (the best held, the first broken) was busy
+    busy: list[bool] = field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -78,6 +140,7 @@ class Comparison:
     ratios: list[float]  # per repeat: this rung's knee / the reference's
     verdict: str  # "higher" | "lower" | "not confirmed"
     reason: str = ""
+    figure: str = "knee"  # "knee", or "cost" (CPU µs per frame: lower is better)
     lower_bound: bool = False  # the ratio is only a lower bound (this rung's knee is)
     upper_bound: bool = False  # the ratio is only an upper bound (the reference's knee is)
 
@@ -108,6 +171,15 @@ class Ladder:
     floor_source: str
     against_baseline: dict[str, Comparison] = field(default_factory=dict)
     against_relays: dict[str, dict[str, Comparison]] = field(default_factory=dict)
+    # CPU µs per frame, per cost rate: its floor and source, and each chat rung against
+    # the rung before it, the baseline, and the relay of its transport
+    cost_rates: list[float] = field(default_factory=list)
+    cost_floor: dict[float, tuple[float, str]] = field(default_factory=dict)
+    cost_vs_previous: dict[str, dict[float, Comparison]] = field(default_factory=dict)
+    cost_vs_baseline: dict[str, dict[float, Comparison]] = field(default_factory=dict)
+    cost_vs_relay: dict[str, dict[float, Comparison]] = field(default_factory=dict)
+    # the machine around every measured step of the ladder (bench.lab.machine)
+    machine: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
 
     @property
     def chat_rungs(self) -> list[Rung]:
@@ -143,11 +215,47 @@ def rungs_of(results: Results) -> list[Rung]:
                 deflate=bool(first.get("deflate")),
                 reruns=sum(int(k.get("reruns") or 0) for k in knees),
                 stalled_steps=sum(int(k.get("stalled_steps") or 0) for k in knees),
+                transport=runs[0].env.get("TRANSPORT", "websockets"),
+                same_as=str(results.configs.get(config, {}).get("same_as") or ""),
+                costs=_costs(runs),
+                busy=[_knee_busy(r) for r in runs],
             )
         )
     order = {name: i for i, name in enumerate(results.configs)}
     rungs.sort(key=lambda r: order.get(r.config, len(order)))
     return rungs
+
+
+def _costs(runs: list[Run]) -> dict[float, Cost]:
+    """Each cost rate's figures over ``runs`` (in repeat order)."""
+    rates = sorted({s.offered_per_s for r in runs for s in r.steps if s.cost and s.offered_per_s})
+    costs = {}
+    for rate in rates:
+        steps = [
+            next((s for s in r.steps if s.cost and s.offered_per_s == rate), None) for r in runs
+        ]
+        costs[rate] = Cost(
+            rate=rate,
+            values=[s.server_us_per_frame if s is not None else None for s in steps],
+            delivered_per_s=[s.delivered_per_s if s is not None else 0.0 for s in steps],
+            busy=[s is not None and is_busy(step_load(s)) for s in steps],
+            held=[s is not None and s.holds({"p99": 100.0}) for s in steps],
+        )
+    return costs
+
+
+def _knee_busy(run: Run) -> bool:
+    """Whether a step that decided ``run``'s knee (the best held, the first broken) was busy."""
+    climbed = [s for s in run.steps if s.driver == "fast" and not s.superseded and not s.cost]
+    knee = run.knee.get("capacity_delivered_per_s")
+    broke = run.knee.get("first_break_offered_per_s")
+    deciding = [
+        s
+        for s in climbed
+        if (knee and round(s.delivered_per_s) == knee and s.holds({"p99": 100.0}))
+        or (broke is not None and s.offered_per_s == broke)
+    ]
+    return any(is_busy(step_load(s)) for s in deciding)
 
 
 def _rejudge(run: Run, results: Results) -> None:
@@ -165,11 +273,9 @@ def noise_floor(rungs: list[Rung], results: Results) -> tuple[float, str]:
     by_name = {r.config: r for r in rungs}
     if len(results.aa_pair) >= 2 and all(n in by_name for n in results.aa_pair[:2]):
         a, b = (by_name[n] for n in results.aa_pair[:2])
-        diffs = [
-            max(x, y) / min(x, y) - 1 for x, y in zip(a.knees, b.knees, strict=False) if x and y
-        ]
-        if diffs:
-            return max(*diffs, RESOLUTION), f"the A/A pair ({a.config} = {b.config})"
+        floor = pairwise_floor(a.knees, b.knees)
+        if floor is not None and not (a.lower_bound or b.lower_bound):
+            return max(floor, RESOLUTION), f"the A/A pair ({a.config} = {b.config})"
     spreads = [(r.spread, r.config) for r in rungs if not r.lower_bound and len(r.knees) > 1]
     if spreads:
         spread, name = max(spreads)
@@ -178,36 +284,99 @@ def noise_floor(rungs: list[Rung], results: Results) -> tuple[float, str]:
     return RESOLUTION, "the climb's resolution (no rung moved more between repeats)"
 
 
+def cost_floor(rungs: list[Rung], results: Results, rate: float) -> tuple[float, str] | None:
+    """The floor of CPU µs per frame at ``rate``, and its source: the A/A pair's
+    :func:`pairwise_floor`, else the largest repeat-to-repeat spread of a rung there."""
+    by_name = {r.config: r for r in rungs}
+    if len(results.aa_pair) >= 2 and all(n in by_name for n in results.aa_pair[:2]):
+        a, b = (by_name[n].costs.get(rate) for n in results.aa_pair[:2])
+        if a is not None and b is not None:
+            floor = pairwise_floor(a.values, b.values)
+            if floor is not None:
+                return floor, f"the A/A pair ({results.aa_pair[0]} = {results.aa_pair[1]})"
+    spreads = [
+        (max(c.known) / min(c.known) - 1, r.config)
+        for r in rungs
+        if (c := r.costs.get(rate)) is not None and len(c.known) > 1 and min(c.known) > 0
+    ]
+    if spreads:
+        spread, name = max(spreads)
+        return spread, f"the largest repeat-to-repeat spread ({name}; no A/A pair at this rate)"
+    return None
+
+
+def compare_costs(rung: Rung, reference: Rung, rate: float, floor: float) -> Comparison | None:
+    """``rung``'s CPU µs per frame at ``rate`` against ``reference``'s, repeat by repeat
+    (lower is better: "lower" means it costs less); None when either lacks the rate."""
+    mine, theirs = rung.costs.get(rate), reference.costs.get(rate)
+    if mine is None or theirs is None:
+        return None
+    pairs = [
+        (a, b, busy_a or busy_b)
+        for a, b, busy_a, busy_b in zip(
+            mine.values, theirs.values, mine.busy, theirs.busy, strict=False
+        )
+        if a is not None and b is not None and b > 0
+    ]
+    result = Comparison(
+        rung.config, reference.config, [a / b for a, b, _ in pairs], "not confirmed"
+    )
+    result.figure = "cost"
+    return _judge(result, floor, busy=any(busy for *_, busy in pairs))
+
+
 def compare(rung: Rung, reference: Rung, floor: float) -> Comparison:
-    """``rung`` against ``reference``, repeat i with repeat i."""
-    pairs = [(a, b) for a, b in zip(rung.knees, reference.knees, strict=False) if b > 0]
-    ratios = [a / b for a, b in pairs]
-    result = Comparison(rung.config, reference.config, ratios, "not confirmed")
+    """``rung``'s knee against ``reference``'s, repeat i with repeat i."""
+    pairs = [
+        (a, b, busy_a or busy_b)
+        for a, b, busy_a, busy_b in zip(
+            rung.knees,
+            reference.knees,
+            rung.busy or [False] * len(rung.knees),
+            reference.busy or [False] * len(reference.knees),
+            strict=False,
+        )
+        if b > 0
+    ]
+    result = Comparison(
+        rung.config, reference.config, [a / b for a, b, _ in pairs], "not confirmed"
+    )
     result.lower_bound, result.upper_bound = rung.lower_bound, reference.lower_bound
+    return _judge(result, floor, busy=any(busy for *_, busy in pairs))
+
+
+def _judge(result: Comparison, floor: float, *, busy: bool) -> Comparison:
+    """The verdict on ``result``'s ratios: beyond ``floor`` in every repeat, on a real
+    edge, on a quiet machine; otherwise "not confirmed" with the reason."""
+    ratios = result.ratios
+    rung, reference = result.config, result.reference
     if not ratios:
         result.reason = "no repeat of both to compare"
+        return result
+    if busy:
+        result.reason = BUSY
         return result
     above = [r > 1 + floor for r in ratios]
     below = [r < 1 / (1 + floor) for r in ratios]
     if all(above):
         # a higher claim stands on the reference's knee being a real edge
-        if reference.lower_bound:
-            result.reason = f"{reference.config}'s knee is only a lower bound"
+        if result.upper_bound:
+            result.reason = f"{reference}'s knee is only a lower bound"
         else:
             result.verdict = "higher"
         return result
     if all(below):
-        if rung.lower_bound:
-            result.reason = f"{rung.config}'s knee is only a lower bound"
+        if result.lower_bound:
+            result.reason = f"{rung}'s knee is only a lower bound"
         else:
             result.verdict = "lower"
         return result
-    if rung.lower_bound and reference.lower_bound:
+    if result.lower_bound and result.upper_bound:
         result.reason = "both knees are only lower bounds (the driver was the limit)"
         return result
     within = [i + 1 for i, r in enumerate(ratios) if not (r > 1 + floor or r < 1 / (1 + floor))]
     if within:
-        result.reason = f"within the ±{floor * 100:.0f} % floor in repeat " + ", ".join(
+        result.reason = f"within the {floor_text(floor)} floor in repeat " + ", ".join(
             map(str, within)
         )
     else:
@@ -226,18 +395,63 @@ def ladder(results: Results) -> Ladder | None:
         baseline = next((r for r in rungs if r.target == "chat"), None)
     relays = [r for r in rungs if r.target == "relay"]
     found = Ladder(rungs, baseline, relays, floor, source)
+    found.machine = machine_verdict(
+        step_load(s)
+        for rung in rungs
+        for run in rung.runs
+        for s in run.steps
+        if s.driver == "fast" and not s.superseded
+    )
     for rung in found.chat_rungs:
         if baseline is not None and rung is not baseline:
             found.against_baseline[rung.config] = compare(rung, baseline, floor)
         found.against_relays[rung.config] = {
             relay.config: compare(rung, relay, floor) for relay in relays
         }
+    found.cost_rates = sorted({rate for r in rungs for rate in r.costs})
+    for rate in found.cost_rates:
+        measured = cost_floor(rungs, results, rate)
+        if measured is not None:
+            found.cost_floor[rate] = measured
+    previous: Rung | None = None
+    for rung in found.chat_rungs:
+        twin = next((r for r in rungs if r.config == rung.same_as), None)
+        relay = next((r for r in relays if r.transport == rung.transport), None)
+        for rate, (cost_floor_value, _) in found.cost_floor.items():
+            pairs = [
+                (found.cost_vs_previous, twin or previous),
+                (found.cost_vs_baseline, baseline if rung is not baseline else None),
+                (found.cost_vs_relay, relay),
+            ]
+            for table, reference in pairs:
+                if reference is None:
+                    continue
+                verdict = compare_costs(rung, reference, rate, cost_floor_value)
+                if verdict is not None:
+                    table.setdefault(rung.config, {})[rate] = verdict
+        if not rung.same_as:
+            previous = rung
     return found
 
 
+def floor_text(floor: float) -> str:
+    """A floor as every section quotes it: ``±4.2 %``."""
+    return f"±{floor * 100:.1f} %"
+
+
+def delivered_label(rate: float, room_size: int) -> str:
+    """A cost rate (sends/s) as the delivered frames/s it offers: ``10k delivered/s``."""
+    delivered = rate * (room_size or 1)
+    text = f"{delivered / 1000:.3g}k" if delivered >= 1000 else f"{delivered:g}"
+    return f"{text} delivered/s"
+
+
 def findings(found: Ladder) -> list[str]:
-    """The sentences the report opens with: what held, what differed, what is unconfirmed."""
+    """The sentences the report opens with: the machine first when it was busy, then what
+    a frame cost, what held, what differed, and what is not confirmed and why."""
     sentences: list[str] = []
+    if found.machine.busy:
+        sentences.append(found.machine.sentence())
     base = found.baseline
     shape = _shape(found.rungs)
     if base is not None:
@@ -245,23 +459,25 @@ def findings(found: Ladder) -> list[str]:
             f"{shape}: the baseline {base.config} held {base.label()} delivered/s "
             f"(median of {len(base.knees)}; {base.low:,.0f}{DASH}{base.high:,.0f})."
         )
+    sentences += _cost_findings(found)
     higher = [c for c in found.against_baseline.values() if c.verdict == "higher"]
     lower = [c for c in found.against_baseline.values() if c.verdict == "lower"]
     unconfirmed = [c for c in found.against_baseline.values() if c.verdict == "not confirmed"]
     if higher or lower:
         parts = [f"{c.config} {c.ratio_text()}" for c in higher + lower]
         sentences.append(
-            f"Confirmed against the baseline (every repeat, beyond the ±{found.floor * 100:.0f} % "
-            f"noise floor): {'; '.join(parts)}."
+            f"Knees confirmed against the baseline (every repeat, beyond the "
+            f"{floor_text(found.floor)} floor): {'; '.join(parts)}."
         )
     if unconfirmed:
         parts = [f"{c.config} ({c.ratio_text()}: {c.reason})" for c in unconfirmed]
-        sentences.append(f"Not confirmed: {'; '.join(parts)}.")
+        sentences.append(f"Knees not confirmed: {'; '.join(parts)}.")
     limited = [r.config for r in found.chat_rungs if r.driver_limited]
     if limited:
         sentences.append(
             f"The fast driver itself was the limit for {', '.join(limited)}: "
-            "their knees are lower bounds, and so is any multiple of them."
+            "their knees are lower bounds, and so is any multiple of them; "
+            "their CPU per frame above is not bounded by the driver."
         )
     for relay in found.relays:
         parts = []
@@ -272,7 +488,7 @@ def findings(found: Ladder) -> list[str]:
                 parts.append(f"{rung.config} {comparison.ratio_text()}{doubt}")
         if parts:
             sentences.append(
-                f"Against the ceiling {relay.config} ({relay.label()} delivered/s): "
+                f"Knees against the relay {relay.config} ({relay.label()} delivered/s): "
                 + "; ".join(parts)
                 + "."
             )
@@ -286,6 +502,51 @@ def findings(found: Ladder) -> list[str]:
         )
     else:
         sentences.append("No climb step showed a stall.")
+    if not found.machine.busy:
+        sentences.append(found.machine.sentence())
+    return sentences
+
+
+def _cost_findings(found: Ladder) -> list[str]:
+    """Per cost rate: each rung's CPU µs per frame and what it differs by from the rung
+    before it and from the relay of its transport, confirmed or not and why."""
+    sentences = []
+    room = found.rungs[0].room_size if found.rungs else 10
+    for rate in found.cost_rates:
+        floor = found.cost_floor.get(rate)
+        measured = [r for r in found.rungs if (c := r.costs.get(rate)) and c.known]
+        if not measured:
+            continue
+        where = f"at {delivered_label(rate, room)}"
+        if floor is None:
+            floor_note = "no floor: one repeat and no A/A pair, so nothing is confirmed"
+        else:
+            floor_note = f"floor {floor_text(floor[0])}, {floor[1]}"
+        parts = []
+        for rung in measured:
+            cost = rung.costs[rate]
+            text = f"{rung.config} {cost.median:.1f}"
+            claims = []
+            for table, what in (
+                (found.cost_vs_previous, "the rung before" if not rung.same_as else "its A/A twin"),
+                (found.cost_vs_relay, "its transport's relay"),
+            ):
+                comparison = table.get(rung.config, {}).get(rate)
+                if comparison is None or not comparison.ratios:
+                    continue
+                if comparison.verdict == "not confirmed":
+                    verdict = f"not confirmed: {comparison.reason}"
+                else:
+                    verdict = "costs less" if comparison.verdict == "lower" else "costs more"
+                claims.append(
+                    f"{comparison.ratio_text()} {what} ({comparison.reference}), {verdict}"
+                )
+            if not all(cost.held):
+                claims.append("over its knee here: an overload's cost")
+            parts.append(text + (f" ({'; '.join(claims)})" if claims else ""))
+        sentences.append(
+            f"Server CPU µs per delivered frame {where} ({floor_note}): " + "; ".join(parts) + "."
+        )
     return sentences
 
 

@@ -50,12 +50,17 @@ class Load:
     factor: float = 1.4
     resolution: float = 0.05
     max_rate: float = 0.0  # the climb's highest offered rate (0: none)
+    # fixed offered rates (messages/s sent) run before the climb or the rates, one step of
+    # ``cost_step_s`` each: the server's CPU µs per delivered frame at a stated load
+    cost_rates: tuple[float, ...] = ()
+    cost_step_s: float = 4.0
 
     def fast_duration_s(self) -> float:
         """Seconds one fast-driver run takes (connects not counted; a climb: its most)."""
         steps = MAX_CLIMB_STEPS if self.climb else len(self.rates)
         settle = CLIMB_SETTLE_S if self.climb else 0.0
-        return self.warmup_s + steps * (self.step_s + self.drain_s + settle)
+        costs = len(self.cost_rates) * (self.cost_step_s + self.drain_s)
+        return self.warmup_s + costs + steps * (self.step_s + self.drain_s + settle)
 
     def climb_steps_expected(self) -> int:
         """About how many steps a climb takes: the doubling-up, then the bisection."""
@@ -153,6 +158,10 @@ def _load_table(data: dict[str, Any], where: str, base: Load | None = None) -> L
         values["rates"] = tuple(float(r) for r in values["rates"])
         if not values["rates"] or min(values["rates"]) <= 0:
             raise MatrixError(f"{where}: rates must be a non-empty list of positive numbers")
+    if "cost_rates" in values:
+        values["cost_rates"] = tuple(float(r) for r in values["cost_rates"])
+        if values["cost_rates"] and min(values["cost_rates"]) <= 0:
+            raise MatrixError(f"{where}: cost_rates must be positive numbers")
     load = replace(base, **values)
     if load.climb:
         from bench.lab.results import parse_slo

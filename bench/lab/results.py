@@ -93,6 +93,27 @@ class Step:
     body_chars: int = 0  # the message body's length (the fast driver's --body-chars)
     frame_bytes: int = 0  # one ``send`` frame's payload on the wire, before compression
     deflate: bool = False  # the driver negotiated permessage-deflate
+    # a fixed-rate step a climbing run makes before its climb, to measure what a frame
+    # costs at a stated load (:attr:`server_us_per_frame`); never part of the climb
+    cost: bool = False
+    # counters read by the fast driver at the send phase's start and end (``window_s``
+    # apart; None where it was not told the server's pid): CPU seconds (user + system) of
+    # the server's process tree, of processes outside the lab, and the host's steal,
+    # summed over every core
+    window_s: float = 0.0
+    server_cpu_s: float | None = None
+    others_cpu_s: float | None = None
+    steal_s: float | None = None
+    acks: int = 0  # acks received for the step's sends (the chat server's N+1th frame)
+
+    @property
+    def server_us_per_frame(self) -> float | None:
+        """The server's CPU µs per delivered ``message`` frame over the step's window
+        (acks are not frames delivered: the chat server writes N+1 frames per send, a
+        relay N); None when the window's CPU was not read or nothing was delivered."""
+        if self.server_cpu_s is None or self.delivered <= 0 or self.window_s <= 0:
+            return None
+        return self.server_cpu_s * 1e6 / self.delivered
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
@@ -156,6 +177,17 @@ class Sample:
 
 
 @dataclass
+class HostSample:
+    """The machine around the processes under test, over one sampling interval: other
+    processes' CPU (percent of one core: everything busy minus the lab's own process
+    tree) and the host's steal (milliseconds per second, summed over cores)."""
+
+    t_s: float
+    others_percent: float
+    steal_ms_per_s: float
+
+
+@dataclass
 class Run:
     """One configuration, started once: its settings, what each driver measured, its samples."""
 
@@ -169,6 +201,8 @@ class Run:
     steps: list[Step] = field(default_factory=list)
     # sample series keyed "server", "generator" (and "auth" when it ran)
     samples: dict[str, list[Sample]] = field(default_factory=dict)
+    # the machine around them, sampled with them through the whole run
+    host: list[HostSample] = field(default_factory=list)
     # the server's own counters (Prometheus scrape): name -> value, at the end of the run
     metrics: dict[str, float] = field(default_factory=dict)
     # the same scraped about once a second while the run was driven, each with ``t_s`` (on
@@ -194,6 +228,7 @@ class Run:
         data["samples"] = {
             k: [Sample(**_known(Sample, s)) for s in v] for k, v in data.get("samples", {}).items()
         }
+        data["host"] = [HostSample(**_known(HostSample, h)) for h in data.get("host", [])]
         return cls(**data)
 
 
@@ -244,7 +279,7 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
     """What a climb found: the highest delivered rate that held, the step that broke, and
     the shape it was measured at (a step the climb ran again, ``superseded``, is left out;
     Locust steps are not part of a climb)."""
-    climbed = [s for s in run.steps if s.driver == "fast" and not s.superseded]
+    climbed = [s for s in run.steps if s.driver == "fast" and not s.superseded and not s.cost]
     held = [s for s in climbed if s.holds(slo_ms)]
     broken = [s for s in climbed if not s.holds(slo_ms)]
     best = max(held, key=lambda s: s.delivered_per_s, default=None)
@@ -286,7 +321,9 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
             for s in sorted(climbed, key=lambda s: s.offered_per_s or 0)
         ],
         "reruns": sum(1 for s in climbed if s.rerun),
-        "stalled_steps": sum(1 for s in run.steps if s.driver == "fast" and s.stall_s),
+        "stalled_steps": sum(
+            1 for s in run.steps if s.driver == "fast" and not s.cost and s.stall_s
+        ),
         "connections": climbed[0].connections if climbed else 0,
         "body_chars": climbed[0].body_chars if climbed else 0,
         "frame_bytes": climbed[0].frame_bytes if climbed else 0,

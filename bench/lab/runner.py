@@ -460,7 +460,14 @@ class Lab:
         return list(parse_core_list(env.get("CPU_AFFINITY", "off")) or usable_cores())
 
     def fast_step(
-        self, config: Config, load: Load, url: str, workdir: Path, sampler: Sampler
+        self,
+        config: Config,
+        load: Load,
+        url: str,
+        workdir: Path,
+        sampler: Sampler,
+        *,
+        server_pid: int | None = None,
     ) -> list[Step]:
         """Run the fast driver's steps against ``url``; its Steps."""
         out = workdir / "fast.json"
@@ -501,6 +508,13 @@ class Lab:
             ]
         if config.env.get("WS_DEFLATE") == "on":
             command += ["--deflate", "on"]  # as browsers do: deflate is measured with deflate
+        if load.cost_rates:
+            command += ["--cost-rates", ",".join(f"{r:g}" for r in load.cost_rates)]
+            command += ["--cost-step-s", f"{load.cost_step_s:g}"]
+        # every step's window reads the server's CPU and what else ran (bench.lab.machine)
+        command += ["--lab-pid", str(os.getpid())]
+        if server_pid is not None:
+            command += ["--server-pid", str(server_pid)]
         if load.climb:
             command += ["--climb", load.climb, "--factor", f"{load.factor:g}"]
             command += ["--resolution", f"{load.resolution:g}"]
@@ -612,7 +626,9 @@ class Lab:
                 ).start()
             if config.fast:
                 self._phase(config, repeat, "fast driver climb" if load.climb else "fast driver")
-                run.steps.extend(self.fast_step(config, load, url, workdir, sampler))
+                run.steps.extend(
+                    self.fast_step(config, load, url, workdir, sampler, server_pid=server.proc.pid)
+                )
                 if load.climb:
                     run.knee = {**edge(run, parse_slo(load.climb)), "room_size": load.room_size}
             if config.locust and config.target == "chat" and load.locust_profile:
@@ -639,6 +655,7 @@ class Lab:
             if server is not None:
                 self.stop_target(server, run)
             run.samples = sampler.stop()
+            run.host = sampler.host
             prof_root = workdir / "profiles"
             run.profiles = [
                 str(p.relative_to(self.out_dir)) for p in sorted(prof_root.rglob("*.prof"))

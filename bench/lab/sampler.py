@@ -3,6 +3,8 @@
 Each role ("server", "generator", "auth") names one process; its children are counted
 with it (the supervisor's workers, a driver's helpers). CPU is in percent of one core
 over the last interval (200 = two cores busy), RSS in bytes, summed over the tree.
+Beside them, the machine: other processes' CPU (everything busy outside this process'
+tree, which holds every role) and the host's steal, as :class:`HostSample` s.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import suppress
+from typing import Any
 
 import psutil
 
-from bench.lab.results import Sample
+from bench.lab.machine import MachineLoad, read_host, tree_cpu_s
+from bench.lab.results import HostSample, Sample
 from chatlab.harness import pin_this_thread
 
 INTERVAL_S = 0.5
@@ -30,6 +34,8 @@ class Sampler:
         self.cores = cores
         self.interval_s = interval_s
         self.samples: dict[str, list[Sample]] = {}
+        self.host: list[HostSample] = []
+        self._lab = psutil.Process()
         self._roles: dict[str, int] = {}
         self._procs: dict[int, psutil.Process] = {}
         self._lock = threading.Lock()
@@ -65,10 +71,30 @@ class Sampler:
                 procs.append(self._procs.setdefault(child.pid, child))
         return procs
 
+    def _sample_host(self, before: tuple[float, Any, float]) -> tuple[float, Any, float]:
+        """Append the machine's load since ``before``; the counters now."""
+        now = (time.monotonic(), read_host(), tree_cpu_s(self._lab))
+        load = MachineLoad.over(
+            now[0] - before[0],
+            (now[1].busy_s - before[1].busy_s) - (now[2] - before[2]),
+            now[1].steal_s - before[1].steal_s,
+        )
+        if load is not None and now[0] - before[0] > 0.05:
+            self.host.append(
+                HostSample(
+                    round(now[0] - self.t0, 3),
+                    round(load.others_percent, 1),
+                    round(load.steal_ms_per_s, 2),
+                )
+            )
+        return now
+
     def _loop(self) -> None:
         pin_this_thread(self.cores)
         next_at = time.monotonic()
+        host_before = (next_at, read_host(), tree_cpu_s(self._lab))
         while not self._stop.is_set():
+            host_before = self._sample_host(host_before)
             with self._lock:
                 roles = dict(self._roles)
             now = time.monotonic()

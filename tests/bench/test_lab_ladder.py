@@ -119,7 +119,7 @@ def test_a_difference_is_claimed_only_in_every_repeat_and_beyond_the_floor():
     versus = found.against_baseline
     assert versus[FAST].verdict == "higher" and versus[FAST].median == pytest.approx(4.0)
     assert versus[SAME].verdict == "not confirmed"
-    assert "within the ±5 % floor in repeat 1, 2" in versus[SAME].reason
+    assert "within the ±5.0 % floor in repeat 1, 2" in versus[SAME].reason
     assert versus[LIMITED].verdict == "higher" and versus[LIMITED].lower_bound
     assert versus[LIMITED].ratio_text().startswith(f"≥ {TIMES}")
     # one repeat higher, one lower: the repeats disagree (the floor from an A/A pair: this
@@ -150,11 +150,11 @@ def test_findings_say_what_held_what_differed_and_what_is_not_confirmed():
     text = " ".join(findings(found))
     assert text.startswith("At 2,000 connections in rooms of 10 (60-character bodies, 95-byte")
     assert "the baseline json+asyncio+deflate held 20,500 delivered/s" in text
-    assert "Confirmed against the baseline" in text
+    assert "Knees confirmed against the baseline" in text
     assert f"{FAST} {TIMES}4.00 (4.00{DASH}4.00)" in text
-    assert f"Not confirmed: {SAME}" in text
+    assert f"Knees not confirmed: {SAME}" in text
     assert f"limit for {LIMITED}" in text
-    assert f"Against the ceiling {RELAY} (71,000 delivered/s)" in text
+    assert f"Knees against the relay {RELAY} (71,000 delivered/s)" in text
     assert "No climb step showed a stall." in text
 
 
@@ -186,7 +186,7 @@ def test_the_report_opens_with_findings_then_the_ladder_chart(rendered: tuple[Pa
     sections = re.findall(r"^## (.+)$", md, re.M)
     assert sections[0] == "Findings"
     findings_part = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
-    assert "Not confirmed: +orjson+uvloop" in findings_part
+    assert "Knees not confirmed: +orjson+uvloop" in findings_part
     assert "1 climb step(s) showed a stall" in findings_part
     chart = re.search(r"!\[Capacity ladder\]\((plots/ladder\.png)\)", findings_part)
     assert chart is not None

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
+
 from bench.lab.driver.frames import MIN_BODY_CHARS
 from bench.lab.results import parse_slo
 from chat_server.codecs import CODEC_NAMES
@@ -51,6 +53,13 @@ class DriverConfig:
     resolution: float = 0.05  # climb: stop when first broken / last held <= 1 + this
     max_rate: float = math.inf  # climb: never offer more than this
     min_rate: float = 1.0  # climb: never offer less than this
+    # fixed-rate steps before the climb or the rates, to measure what a frame costs there
+    cost_rates: tuple[float, ...] = ()
+    cost_step_s: float = 4.0
+    # whose CPU each step's window reads: the server's process tree, and the lab's (its
+    # caller: everything under it is not "other processes")
+    server_pid: int | None = None
+    lab_pid: int | None = None
 
 
 def load_tokens(path: Path) -> tuple[str, ...]:
@@ -181,6 +190,26 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
     parser.add_argument(
         "--max-rate", type=float, default=math.inf, help="climb: highest rate, sends/s [none]"
     )
+    parser.add_argument(
+        "--cost-rates",
+        type=_rates,
+        default=(),
+        help="fixed rates run first (after the warmup), one step of --cost-step-s each, "
+        "named 'cost RATE/s': what a frame costs the server there (with --server-pid) [none]",
+    )
+    parser.add_argument("--cost-step-s", type=float, default=4.0, help="seconds per cost step [4]")
+    parser.add_argument(
+        "--server-pid",
+        type=int,
+        help="read this process tree's CPU over each step's send phase: the server's CPU "
+        "µs per delivered frame [not read]",
+    )
+    parser.add_argument(
+        "--lab-pid",
+        type=int,
+        help="the process tree whose CPU is not 'other processes' (the lab that started "
+        "server and driver) [the server's tree and the driver]",
+    )
     parser.add_argument("--log-level", default="warning", help="logging level [warning]")
     args = parser.parse_args(argv)
 
@@ -194,6 +223,12 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: 1 or more")
     if not args.step_s > 0:
         parser.error(f"--step-s {args.step_s}: allowed: more than 0")
+    if not args.cost_step_s > 0:
+        parser.error(f"--cost-step-s {args.cost_step_s}: allowed: more than 0")
+    for name in ("server_pid", "lab_pid"):
+        pid = getattr(args, name)
+        if pid is not None and not psutil.pid_exists(pid):
+            parser.error(f"--{name.replace('_', '-')} {pid}: no such process")
     for name in ("warmup_s", "drain_s"):
         if not getattr(args, name) >= 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: 0 or more")
@@ -253,4 +288,8 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         resolution=args.resolution,
         max_rate=args.max_rate,
         min_rate=args.rates[0] / args.factor**4,
+        cost_rates=args.cost_rates,
+        cost_step_s=args.cost_step_s,
+        server_pid=args.server_pid,
+        lab_pid=args.lab_pid,
     )

@@ -31,6 +31,7 @@ from bench.lab.driver.connections import (
 from bench.lab.driver.frames import decode_frame, frame_kind_reader, send_frame
 from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
+from bench.lab.machine import HostTimes, read_host, tree_cpu_s
 from bench.lab.results import Step, TimePoint
 from chat_server.codecs import get_codec
 from chat_server.messages import Join
@@ -72,6 +73,10 @@ class Driver:
         if config.t0_monotonic is not None:
             self.origin_ns -= int((time.monotonic() - config.t0_monotonic) * 1e9)
         self.process = psutil.Process()
+        # whose CPU a step's window reads (bench.lab.machine): the server's tree, and
+        # what is not "other processes" (the lab's tree, or the server's and this one)
+        self.server = psutil.Process(config.server_pid) if config.server_pid else None
+        self.lab = psutil.Process(config.lab_pid) if config.lab_pid else None
         # since the last flush (a tenth of a second's worth): each delivery's scheduled
         # time (DIGITS ASCII digits) and receive time; each ack's latency in microseconds
         self.delivery_digits = bytearray()
@@ -398,6 +403,7 @@ class Driver:
         end_ns = recorder.end_ns = start_ns + int(recorder.duration_s * 1e9)
         stop_ns = end_ns + int(drain_s * 1e9)
         self.current = recorder
+        window_before = self._window_counters()
         cpu_before = self.process.cpu_times()
         runq_before_ns = runq_wait_ns()
         sender = asyncio.ensure_future(self.send_schedule(rate, recorder))
@@ -415,6 +421,7 @@ class Driver:
                 runq_after_ns = runq_wait_ns()
                 if runq_before_ns is not None and runq_after_ns is not None:
                     recorder.runq_wait_share = (runq_after_ns - runq_before_ns) / elapsed_ns
+                self._close_window(recorder, window_before, self._window_counters())
             self._flush(recorder)
             if (flush_ns - start_ns) % POINT_INTERVAL_NS == 0 or flush_ns in (end_ns, stop_ns):
                 now_ns = perf_counter_ns()
@@ -423,6 +430,32 @@ class Driver:
             if flush_ns <= end_ns:
                 recorder.send_points = len(recorder.timeline)
         await sender
+
+    def _window_counters(self) -> tuple[float, float | None, float, HostTimes]:
+        """Now: the clock, the server tree's CPU seconds (None when not told its pid), the
+        CPU seconds of everything that is not "other processes", the host's counters."""
+        server = tree_cpu_s(self.server) if self.server is not None else None
+        if self.lab is not None:
+            ours = tree_cpu_s(self.lab)
+        else:
+            own = self.process.cpu_times()
+            ours = (server or 0.0) + own.user + own.system
+        return time.monotonic(), server, ours, read_host()
+
+    @staticmethod
+    def _close_window(
+        recorder: StepRecorder,
+        before: tuple[float, float | None, float, HostTimes],
+        after: tuple[float, float | None, float, HostTimes],
+    ) -> None:
+        """The send phase's window into ``recorder``: its seconds, the server's CPU,
+        other processes' CPU and the host's steal."""
+        recorder.window_s = after[0] - before[0]
+        if before[1] is not None and after[1] is not None:
+            recorder.server_cpu_s = after[1] - before[1]
+        busy = after[3].busy_s - before[3].busy_s
+        recorder.others_cpu_s = max(0.0, busy - (after[2] - before[2]))
+        recorder.steal_s = max(0.0, after[3].steal_s - before[3].steal_s)
 
     async def run(self) -> int:
         """Connect, warm up, run every step, close; return the exit status."""
@@ -455,11 +488,18 @@ class Driver:
         first = StepRecorder(
             f"rate {config.rates[0]:g}/s", config.rates[0], config.step_s, config.connections
         )
+        warm_rate = (config.cost_rates or config.rates)[0]
         if config.warmup_s > 0:
-            warmup = StepRecorder("warmup", config.rates[0], config.warmup_s, config.connections)
+            warmup = StepRecorder("warmup", warm_rate, config.warmup_s, config.connections)
             warmup.errors = first.errors  # errors while warming up count to the first step
             self.current = warmup
-            await self.run_step(config.rates[0], warmup, drain_s=0, recorded=False)
+            await self.run_step(warm_rate, warmup, drain_s=0, recorded=False)
+        for rate in config.cost_rates:
+            recorder = StepRecorder(
+                f"cost {rate:g}/s", rate, config.cost_step_s, config.connections
+            )
+            recorder.cost = True
+            await self._recorded_step(rate, recorder, steps)
         if config.climb_slo is not None:
             await self._climb(config.climb_slo, first, steps)
             return

@@ -46,6 +46,13 @@ class StepRecorder:
         self.runq_wait_share: float | None = None  # of the send phase (Linux schedstat)
         self.gc_runs = 0  # collections of the driver's own GC from start to end of drain
         self.send_points = 0  # timeline points of the send phase (the rest are its drain)
+        self.cost = False  # a cost step (Step.cost)
+        # the send phase's window: its seconds, the server's CPU seconds, other processes'
+        # and the host's steal (None: not read)
+        self.window_s = 0.0
+        self.server_cpu_s: float | None = None
+        self.others_cpu_s: float | None = None
+        self.steal_s: float | None = None
 
     def result(self) -> Step:
         """The step as the results model has it, with the generator-limited verdict."""
@@ -97,6 +104,12 @@ class StepRecorder:
             ack_latency_ms=self.ack_latency.percentiles_ms(),
             started_s=self.started_s,
             stall_s=[p.t_s for p in stalled_points(self.timeline[: self.send_points])],
+            cost=self.cost,
+            window_s=round(self.window_s, 4),
+            server_cpu_s=None if self.server_cpu_s is None else round(self.server_cpu_s, 4),
+            others_cpu_s=None if self.others_cpu_s is None else round(self.others_cpu_s, 4),
+            steal_s=None if self.steal_s is None else round(self.steal_s, 4),
+            acks=self.ack_latency.count,
         )
 
 
@@ -112,6 +125,8 @@ def summary_line(step: Step) -> str:
         f" late sends {step.late_sends} (max lag {step.max_send_lag_ms:.1f} ms),"
         f" cpu {step.generator_cpu_percent or 0:.0f}%"
     )
+    if step.server_us_per_frame is not None:
+        line += f", server {step.server_us_per_frame:.1f} µs/frame"
     if step.generator_gc_runs:
         line += f", the driver's GC ran {step.generator_gc_runs} times in the step"
     if step.generator_limited:

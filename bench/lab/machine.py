@@ -1,0 +1,202 @@
+"""Is the machine quiet enough to measure the server? The rule, and the counters it reads.
+
+A load measurement owns the machine. When other processes use a core the server or the
+driver wanted, or the host steals the virtual CPUs, a figure measures the machine, not
+the server. The lab samples both through every step (the driver over each step's exact
+window, the sampler every half second) and this module decides, with plain numbers,
+whether a step was *busy*. A busy step's differences read "not confirmed: the machine
+was busy", apart from noise, and a report with busy steps opens by saying so.
+
+:func:`busy_reasons` and :func:`machine_verdict` are pure; :func:`read_host` and
+:func:`tree_cpu_s` read ``/proc`` through psutil.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+
+import psutil
+
+#: other processes may use this much of one core before a step counts as busy: a 2-core
+#: machine's second core is the driver's, so a tenth of a core elsewhere is already a
+#: tenth of someone's headroom
+OTHERS_LIMIT_PERCENT = 10.0
+#: the host may steal this many milliseconds per second (summed over cores) before a step
+#: counts as busy: a 5-ms theft inside a 100-ms SLO step is visible in the tail
+STEAL_LIMIT_MS_PER_S = 5.0
+#: ``make demo`` waits at most this long for a quiet machine, then runs anyway (and says so)
+QUIET_WAIT_S = 60.0
+#: ... and wants this many quiet seconds in a row before it starts
+QUIET_SECONDS = 3
+
+BUSY = "the machine was busy"
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """What else ran on the machine over one window: other processes' CPU in percent of
+    one core, and the host's steal in milliseconds per second (summed over cores)."""
+
+    others_percent: float
+    steal_ms_per_s: float
+
+    @classmethod
+    def over(cls, seconds: float, others_cpu_s: float, steal_s: float) -> MachineLoad | None:
+        """The load from a window's CPU seconds; None for an empty window."""
+        if seconds <= 0:
+            return None
+        return cls(100 * max(0.0, others_cpu_s) / seconds, 1000 * max(0.0, steal_s) / seconds)
+
+
+def busy_reasons(load: MachineLoad) -> list[str]:
+    """Why ``load`` makes a window busy (empty: it was quiet)."""
+    reasons = []
+    if load.others_percent > OTHERS_LIMIT_PERCENT:
+        reasons.append(
+            f"other processes used {load.others_percent:.0f} % of a core "
+            f"(> {OTHERS_LIMIT_PERCENT:g} %)"
+        )
+    if load.steal_ms_per_s > STEAL_LIMIT_MS_PER_S:
+        reasons.append(
+            f"the host stole {load.steal_ms_per_s:.1f} ms/s (> {STEAL_LIMIT_MS_PER_S:g} ms/s)"
+        )
+    return reasons
+
+
+def is_busy(load: MachineLoad | None) -> bool:
+    """True when ``load`` passes a bound; an unknown load (None) is not busy."""
+    return load is not None and bool(busy_reasons(load))
+
+
+@dataclass(frozen=True)
+class MachineVerdict:
+    """Over a run's measured windows: how many were busy, and the worst of each figure."""
+
+    windows: int  # windows with a known load
+    busy_windows: int
+    worst_others_percent: float
+    worst_steal_ms_per_s: float
+    mean_others_percent: float
+    mean_steal_ms_per_s: float
+
+    @property
+    def busy(self) -> bool:
+        return self.busy_windows > 0
+
+    def sentence(self) -> str:
+        """The report's first finding when busy, else how quiet it was."""
+        figures = (
+            f"other processes used {self.mean_others_percent:.0f} % of a core on average "
+            f"(up to {self.worst_others_percent:.0f} %) and the host stole "
+            f"{self.mean_steal_ms_per_s:.1f} ms/s (up to {self.worst_steal_ms_per_s:.1f})"
+        )
+        bounds = f"{OTHERS_LIMIT_PERCENT:g} % of a core, {STEAL_LIMIT_MS_PER_S:g} ms/s"
+        if not self.windows:
+            return "The machine's load around the server was not recorded in these results."
+        if self.busy:
+            return (
+                f"This machine was busy: in {self.busy_windows} of {self.windows} measured "
+                f"steps {figures}, past the bounds ({bounds}). Those steps' figures measure "
+                "the machine, not the server: no difference that rests on them is confirmed."
+            )
+        return f"The machine was quiet in all {self.windows} measured steps: {figures} ({bounds})."
+
+
+def machine_verdict(loads: Iterable[MachineLoad | None]) -> MachineVerdict:
+    """The verdict over ``loads`` (None: a window whose load is unknown, left out)."""
+    known = [load for load in loads if load is not None]
+    if not known:
+        return MachineVerdict(0, 0, 0.0, 0.0, 0.0, 0.0)
+    return MachineVerdict(
+        windows=len(known),
+        busy_windows=sum(is_busy(load) for load in known),
+        worst_others_percent=max(load.others_percent for load in known),
+        worst_steal_ms_per_s=max(load.steal_ms_per_s for load in known),
+        mean_others_percent=sum(load.others_percent for load in known) / len(known),
+        mean_steal_ms_per_s=sum(load.steal_ms_per_s for load in known) / len(known),
+    )
+
+
+def quiet_enough(recent: Sequence[MachineLoad], seconds: int = QUIET_SECONDS) -> bool:
+    """True when the last ``seconds`` one-second loads were all quiet."""
+    return len(recent) >= seconds and not any(is_busy(load) for load in recent[-seconds:])
+
+
+# ---- reading the counters ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostTimes:
+    """The host's CPU seconds so far, summed over cores: busy (everything but idle, I/O
+    wait and steal) and stolen."""
+
+    busy_s: float
+    steal_s: float
+
+
+def read_host() -> HostTimes:
+    """The host's counters now (``/proc/stat``)."""
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    return HostTimes(busy, getattr(t, "steal", 0.0))
+
+
+def tree_cpu_s(root: psutil.Process | None) -> float:
+    """CPU seconds (user + system) of ``root`` and its living descendants so far."""
+    if root is None:
+        return 0.0
+    total = 0.0
+    with suppress(psutil.Error):
+        for proc in [root, *root.children(recursive=True)]:
+            with suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+def others_load_over(seconds: float, ours: psutil.Process | None = None) -> MachineLoad | None:
+    """What processes outside ``ours``' tree (this process' by default) and the host's
+    steal took over the next ``seconds``."""
+    ours = ours or psutil.Process()
+    host0, ours0, t0 = read_host(), tree_cpu_s(ours), time.monotonic()
+    time.sleep(seconds)
+    host1, ours1, t1 = read_host(), tree_cpu_s(ours), time.monotonic()
+    return MachineLoad.over(
+        t1 - t0, (host1.busy_s - host0.busy_s) - (ours1 - ours0), host1.steal_s - host0.steal_s
+    )
+
+
+def wait_for_quiet(
+    max_wait_s: float = QUIET_WAIT_S,
+    say: Callable[[str], None] = print,
+    sample: Callable[[], MachineLoad | None] = lambda: others_load_over(1.0),
+) -> MachineVerdict:
+    """Wait, at most ``max_wait_s``, until :data:`QUIET_SECONDS` quiet seconds in a row;
+    say what it waits for once and every ten seconds. The verdict over the seconds it
+    watched (busy when it gave up)."""
+    recent: list[MachineLoad] = []
+    started = time.monotonic()
+    said_at = -10.0
+    while True:
+        load = sample()
+        if load is not None:
+            recent.append(load)
+        if quiet_enough(recent):
+            return machine_verdict(recent[-QUIET_SECONDS:])
+        waited = time.monotonic() - started
+        if waited >= max_wait_s:
+            say(
+                f"the machine is still busy after {waited:.0f} s "
+                f"({'; '.join(busy_reasons(recent[-1])) if recent else 'no reading'}): "
+                "starting anyway; the report will say the figures measure the machine"
+            )
+            return machine_verdict(recent)
+        if waited - said_at >= 10 and recent and is_busy(recent[-1]):
+            said_at = waited
+            say(
+                f"waiting for a quiet machine ({'; '.join(busy_reasons(recent[-1]))}); "
+                f"{max_wait_s - waited:.0f} s left before starting anyway"
+            )
