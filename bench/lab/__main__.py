@@ -28,6 +28,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.lab.machine import (
+    OTHERS_LIMIT_PERCENT,
+    QUIET_SECONDS,
+    QUIET_WAIT_S,
+    STEAL_LIMIT_MS_PER_S,
+)
 from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
 from bench.lab.results import HEADLINE_SLO_MS, Results, Step
 from chatlab.harness import ROOT
@@ -112,6 +118,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     repeat = args.repeat or matrix.repeat
     out_dir = _out_dir(args.out, matrix.name)
+    if args.wait_quiet_s > 0:
+        from bench.lab.machine import wait_for_quiet
+
+        say = (
+            (lambda text: None)
+            if args.quiet
+            else (lambda text: print(f"lab: {text}", file=sys.stderr, flush=True))
+        )
+        before = wait_for_quiet(args.wait_quiet_s, say)
+        if before.busy:
+            log.warning("starting on a busy machine: %s", before.sentence())
     progress = Progress(
         matrix.estimate_s(repeat),
         f"lab {matrix.name} x{repeat}",
@@ -364,6 +381,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     run.add_argument("--out", default="", help="report directory [reports/<time>-<matrix>]")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.add_argument(
+        "--wait-quiet-s",
+        type=float,
+        default=QUIET_WAIT_S,
+        help="wait at most this long for a quiet machine before starting (other processes "
+        f"under {OTHERS_LIMIT_PERCENT:g} %% of a core and steal under "
+        f"{STEAL_LIMIT_MS_PER_S:g} ms/s for {QUIET_SECONDS} s), then start anyway; 0: "
+        f"do not wait [{QUIET_WAIT_S:g}]",
+    )
     run.set_defaults(func=cmd_run)
 
     cap = sub.add_parser("capacity", help="find the offered load where the SLO breaks")

@@ -141,6 +141,7 @@ class Comparison:
     verdict: str  # "higher" | "lower" | "not confirmed"
     reason: str = ""
     figure: str = "knee"  # "knee", or "cost" (CPU µs per frame: lower is better)
+    rate: float = 0.0  # a cost's offered sends/s
     lower_bound: bool = False  # the ratio is only a lower bound (this rung's knee is)
     upper_bound: bool = False  # the ratio is only an upper bound (the reference's knee is)
 
@@ -178,6 +179,9 @@ class Ladder:
     cost_vs_previous: dict[str, dict[float, Comparison]] = field(default_factory=dict)
     cost_vs_baseline: dict[str, dict[float, Comparison]] = field(default_factory=dict)
     cost_vs_relay: dict[str, dict[float, Comparison]] = field(default_factory=dict)
+    # what profiling costs: each profiled configuration's CPU per frame against the same
+    # configuration unprofiled, at the same offered rate
+    profiling: list[Comparison] = field(default_factory=list)
     # the machine around every measured step of the ladder (bench.lab.machine)
     machine: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
 
@@ -321,7 +325,7 @@ def compare_costs(rung: Rung, reference: Rung, rate: float, floor: float) -> Com
     result = Comparison(
         rung.config, reference.config, [a / b for a, b, _ in pairs], "not confirmed"
     )
-    result.figure = "cost"
+    result.figure, result.rate = "cost", rate
     return _judge(result, floor, busy=any(busy for *_, busy in pairs))
 
 
@@ -431,7 +435,79 @@ def ladder(results: Results) -> Ladder | None:
                     table.setdefault(rung.config, {})[rate] = verdict
         if not rung.same_as:
             previous = rung
+    found.profiling = profiling_costs(results, found)
     return found
+
+
+def profiling_costs(results: Results, found: Ladder) -> list[Comparison]:
+    """Each profiled configuration's CPU µs per frame against its unprofiled twin (the
+    same settings; the baseline first) at the same offered rate, repeat by repeat, judged
+    against that rate's cost floor."""
+    out = []
+    for name, described in results.configs.items():
+        if not described.get("profile"):
+            continue
+        twins = [
+            other
+            for other, d in results.configs.items()
+            if not d.get("profile") and d.get("env") == described.get("env") and other != name
+        ]
+        twins.sort(key=lambda other: other != results.baseline)
+        runs = sorted(
+            (r for r in results.runs if r.config == name and r.status == "ok"),
+            key=lambda r: r.repeat,
+        )
+        for twin in twins:
+            twin_runs = sorted(
+                (r for r in results.runs if r.config == twin and r.status == "ok"),
+                key=lambda r: r.repeat,
+            )
+            comparison = _profiled_against(name, runs, twin, twin_runs, found)
+            if comparison is not None:
+                out.append(comparison)
+                break
+    return out
+
+
+def _profiled_against(
+    name: str, runs: list[Run], twin: str, twin_runs: list[Run], found: Ladder
+) -> Comparison | None:
+    """``name``'s fast steps against ``twin``'s at the first offered rate both ran."""
+    for step in (s for r in runs[:1] for s in r.steps if s.driver == "fast"):
+        rate = step.offered_per_s
+        mine = [_at_rate(r, rate) for r in runs]
+        theirs = [_at_rate(r, rate) for r in twin_runs]
+        if not any(theirs):
+            continue
+        pairs = [
+            (a, b)
+            for a, b in zip(mine, theirs, strict=False)
+            if a is not None and b is not None and a.server_us_per_frame and b.server_us_per_frame
+        ]
+        comparison = Comparison(
+            name,
+            twin,
+            [a.server_us_per_frame / b.server_us_per_frame for a, b in pairs],  # type: ignore[operator]
+            "not confirmed",
+            figure="cost",
+        )
+        comparison.rate = rate or 0.0
+        floor = found.cost_floor.get(rate or 0.0)
+        busy = any(is_busy(step_load(a)) or is_busy(step_load(b)) for a, b in pairs)
+        if floor is None:
+            comparison.reason = "no floor at this rate"
+            return comparison
+        return _judge(comparison, floor[0], busy=busy)
+    return None
+
+
+def _at_rate(run: Run, rate: float | None) -> Step | None:
+    """``run``'s fast step at offered ``rate`` (a cost step first; never a superseded one)."""
+    steps = [
+        s for s in run.steps if s.driver == "fast" and s.offered_per_s == rate and not s.superseded
+    ]
+    steps.sort(key=lambda s: not s.cost)
+    return steps[0] if steps else None
 
 
 def floor_text(floor: float) -> str:
@@ -460,6 +536,9 @@ def findings(found: Ladder) -> list[str]:
             f"(median of {len(base.knees)}; {base.low:,.0f}{DASH}{base.high:,.0f})."
         )
     sentences += _cost_findings(found)
+    sentences += [
+        profiling_sentence(c, room_size=base.room_size if base else 10) for c in found.profiling
+    ]
     higher = [c for c in found.against_baseline.values() if c.verdict == "higher"]
     lower = [c for c in found.against_baseline.values() if c.verdict == "lower"]
     unconfirmed = [c for c in found.against_baseline.values() if c.verdict == "not confirmed"]
@@ -505,6 +584,24 @@ def findings(found: Ladder) -> list[str]:
     if not found.machine.busy:
         sentences.append(found.machine.sentence())
     return sentences
+
+
+def profiling_sentence(comparison: Comparison, room_size: int) -> str:
+    """What profiling cost, as the findings and the profiles section say it."""
+    if not comparison.ratios:
+        return (
+            f"What profiling costs is not known: {comparison.config} and {comparison.reference} "
+            "have no repeat with CPU per frame at the same rate."
+        )
+    if comparison.verdict == "not confirmed":
+        verdict = f"not confirmed: {comparison.reason}"
+    else:
+        verdict = "confirmed"
+    return (
+        f"Profiling (PROFILE=cprofile) costs {comparison.ratio_text()} the server's CPU per "
+        f"frame at {delivered_label(comparison.rate, room_size)}: {comparison.config} against "
+        f"{comparison.reference}, same rate, repeat by repeat ({verdict})."
+    )
 
 
 def _cost_findings(found: Ladder) -> list[str]:

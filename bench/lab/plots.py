@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -24,6 +25,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from bench.lab.results import HEADLINE_SLO_MS, SEED_SLO_MS, Results, Run, Sample, Step
+
+if TYPE_CHECKING:
+    from bench.lab.ladder import Ladder
 
 #: what each driver is, as the figures and tables name it
 DRIVER_TITLES = {
@@ -389,14 +393,17 @@ def throughput(results: Results, out_png: Path) -> Path | None:
 
 def capacity_ladder(results: Results, out_png: Path) -> Path | None:
     """One bar per climbed chat configuration (its median knee over repeats, min-max
-    whiskers, hatched and marked "≥" when a lower bound), the relays as ceiling lines."""
+    whiskers, hatched and marked "≥" when a lower bound), the relays as lines; under it,
+    when the run measured them, each rung's and relay's CPU µs per delivered frame at each
+    cost rate (median, min-max whiskers)."""
     from bench.lab.ladder import ladder
 
     found = ladder(results)
     if found is None or not found.chat_rungs:
         return None
     rungs = found.chat_rungs
-    fig, (ax,) = _figure(1, row_height=4.6)
+    fig, axes = _figure(2 if found.cost_rates else 1, row_height=4.6)
+    ax = axes[0]
     colors = config_colors(results)
     x = np.arange(len(rungs))
     for i, rung in enumerate(rungs):
@@ -432,7 +439,7 @@ def capacity_ladder(results: Results, out_png: Path) -> Path | None:
             color="0.3",
             ls=styles[k % len(styles)],
             lw=1.3,
-            label=f"ceiling: {relay.config} {relay.label()}/s",
+            label=f"relay: {relay.config} {relay.label()}/s",
         )
     ax.set_xticks(x, [r.config for r in rungs], rotation=15, ha="right", fontsize=8)
     ax.set_ylabel("knee: delivered messages/s at fan-out p99 < 100 ms")
@@ -442,10 +449,53 @@ def capacity_ladder(results: Results, out_png: Path) -> Path | None:
     if found.relays:
         ax.legend(fontsize=8, loc="upper left")
     n = max(len(r.knees) for r in rungs)
+    if found.cost_rates:
+        _cost_panel(axes[1], found)
     fig.suptitle(
         f"Capacity ladder: median knee over {n} repeat(s), min-max whiskers; hatched = lower bound"
     )
     return _save(fig, out_png)
+
+
+def _cost_panel(ax: Axes, found: Ladder) -> None:
+    """Each rung's (relays last) CPU µs per delivered frame, one bar per cost rate."""
+    from bench.lab.ladder import delivered_label
+
+    rungs = [r for r in found.rungs if r.costs]
+    room = rungs[0].room_size if rungs else 10
+    width = 0.8 / len(found.cost_rates)
+    for k, rate in enumerate(found.cost_rates):
+        xs, medians, lows, highs = [], [], [], []
+        for i, rung in enumerate(rungs):
+            cost = rung.costs.get(rate)
+            if cost is None or cost.median is None:
+                continue
+            xs.append(i - 0.4 + width * (k + 0.5))
+            medians.append(cost.median)
+            lows.append(cost.median - min(cost.known))
+            highs.append(max(cost.known) - cost.median)
+        ax.bar(xs, medians, width=width * 0.9, label=f"at {delivered_label(rate, room)}")
+        ax.errorbar(xs, medians, yerr=[lows, highs], fmt="none", color="0.1", capsize=3, lw=1)
+        for x, m in zip(xs, medians, strict=True):
+            ax.annotate(
+                f"{m:.1f}",
+                (x, m),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                fontsize=7,
+            )
+    ax.set_xticks(
+        np.arange(len(rungs)),
+        [r.config + (" (relay)" if r.target == "relay" else "") for r in rungs],
+        rotation=15,
+        ha="right",
+        fontsize=8,
+    )
+    ax.set_ylabel("server CPU µs per delivered frame")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
 
 
 def server_tail(run: Run, out_png: Path) -> Path | None:

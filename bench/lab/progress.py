@@ -62,9 +62,11 @@ class Progress:
         parts = [f"{run.config} #{run.repeat + 1}: {run.status} in {seconds:.0f} s"]
         for step in run.steps:
             mark = " (generator-limited)" if step.generator_limited else ""
+            cost = step.server_us_per_frame
+            cost_text = f", server {cost:.1f} µs/frame" if cost is not None else ""
             parts.append(
                 f"{step.driver} {step.name}: {step.delivered_per_s:,.0f} delivered/s, "
-                f"p99 {step.latency_ms.get('p99', 0):.1f} ms{mark}"
+                f"p99 {step.latency_ms.get('p99', 0):.1f} ms{cost_text}{mark}"
             )
         if run.error:
             parts.append(run.error.strip().splitlines()[-1][:200])

@@ -259,7 +259,7 @@ def locust_step(workdir: Path, duration_s: float, room_size: int) -> Step:
     }
     return Step(
         driver="locust",
-        name=f"locust {report.get('stages', '')}".strip(),
+        name=str(report.get("stages") or "profile"),  # the driver is named apart
         connections=max((p.users for p in timeline), default=0),
         offered_per_s=None,
         duration_s=duration_s,

@@ -29,6 +29,8 @@ baseline = "json"
 connections = 20
 room_size = 10
 rates = [100, 200]
+cost_rates = [150]
+cost_step_s = 1
 step_s = 1.5
 warmup_s = 1
 drain_s = 0.5
@@ -63,15 +65,29 @@ def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) 
     matrix = tmp_path / "tiny.toml"
     matrix.write_text(TINY_MATRIX)
     out = tmp_path / "report"
-    done = lab("run", "--matrix", str(matrix), "--out", str(out), "--quiet")
+    done = lab(
+        "run", "--matrix", str(matrix), "--out", str(out), "--quiet", "--wait-quiet-s", "0"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     results = Results.load(out / "results.json")
     assert [r.config for r in results.runs] == ["json", "protobuf+uvloop"]
     assert all(r.status == "ok" for r in results.runs), [r.error for r in results.runs]
     json_run, pb_run = results.runs
-    # the fast driver's two steps on both; Locust only where asked
-    assert [s.driver for s in json_run.steps] == ["fast", "fast", "locust"]
-    assert [s.driver for s in pb_run.steps] == ["fast", "fast"]
+    # the cost step, then the fast driver's two steps on both; Locust only where asked
+    assert [(s.driver, s.cost) for s in json_run.steps] == [
+        ("fast", True),
+        ("fast", False),
+        ("fast", False),
+        ("locust", False),
+    ]
+    assert [s.name for s in pb_run.steps] == ["cost 150/s", "rate 100/s", "rate 200/s"]
+    # every fast step's window read the server's CPU and the machine around it
+    for step in [s for s in json_run.steps + pb_run.steps if s.driver == "fast"]:
+        assert step.window_s > 0.5 and step.server_cpu_s is not None and step.server_cpu_s > 0
+        assert step.server_us_per_frame is not None and step.server_us_per_frame > 0
+        assert step.others_cpu_s is not None and step.steal_s is not None
+        assert step.acks == step.sent  # the chat server acks every send
+    assert all(run.host for run in results.runs)
     for step in json_run.steps + pb_run.steps:
         assert step.sent > 0
         assert step.delivered > 0
@@ -80,7 +96,7 @@ def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) 
         least = 0 if step.driver == "locust" else 1e-9
         assert least <= step.latency_ms["p50"] <= step.latency_ms["p99"] <= step.latency_ms["max"]
         assert step.latency_ms["max"] > 0
-    for step in json_run.steps[:2] + pb_run.steps:
+    for step in json_run.steps[:3] + pb_run.steps:
         assert step.delivered == step.sent * 10, step  # every member got every message
     # the samplers saw both processes; the server's own counters were scraped
     for run in results.runs:
@@ -117,8 +133,9 @@ def test_every_built_in_matrix_loads_with_a_baseline_and_an_aa_pair() -> None:
 
 
 def test_demo_matrix_fits_the_readme_promise() -> None:
-    # a capacity ladder (issue #14): every rung climbed twice, the relays as ceilings, the
-    # baseline's Locust run and profile kept, all in under 10 minutes after setup
+    # a capacity ladder: every rung climbed twice and measured at stated cost rates, the
+    # relays beside it, the A/A pair a rung the driver can see, the baseline's Locust run
+    # and profile kept, all in under 10 minutes after setup
     demo = load_matrix("demo")
     assert demo.repeat == 2
     assert demo.estimate_s(demo.repeat) < 10 * 60
@@ -127,13 +144,24 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
         "picows",
     }
     climbed = [c for c in demo.configs if demo.load_of(c).climb]
-    assert [c.name for c in climbed][:2] == [demo.baseline, f"{demo.baseline} (A/A)"]
+    assert climbed[0].name == demo.baseline
     assert all(demo.load_of(c).connections == 2000 for c in climbed)
     baseline = demo.config(demo.baseline)
     assert baseline.locust and baseline.env["WS_DEFLATE"] == "on"
-    assert any(c.profile and not demo.load_of(c).climb for c in demo.configs)
-    # the relays' knees move most between runs here: they get a third climb
-    assert all(c.extra_repeats == 1 for c in demo.configs if c.target == "relay")
+    # the A/A pair is not driver-limited: no deflate
+    assert demo.aa_pair is not None
+    assert all(demo.config(n).env.get("WS_DEFLATE") == "off" for n in demo.aa_pair)
+    # two cost rates: the lower every rung runs, the higher every rung without deflate
+    low, high = demo.load.cost_rates
+    for config in climbed:
+        rates = demo.load_of(config).cost_rates
+        deflate = config.env.get("WS_DEFLATE") == "on"
+        assert rates == ((low,) if deflate else (low, high)), config.name
+    # what profiling costs is a ratio at the same rate as the baseline's cost step
+    profiled = [c for c in demo.configs if c.profile]
+    assert len(profiled) == 1 and not demo.load_of(profiled[0]).climb
+    assert profiled[0].env == baseline.env
+    assert demo.load_of(profiled[0]).rates == (low,)
 
 
 @pytest.mark.parametrize(

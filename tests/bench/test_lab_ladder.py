@@ -158,10 +158,13 @@ def test_findings_say_what_held_what_differed_and_what_is_not_confirmed():
     assert "No climb step showed a stall." in text
 
 
-def test_the_terminal_summary_of_climbs_alone_points_at_their_knees():
+def test_the_terminal_summary_of_climbs_alone_is_the_ladder():
     # a capacity run's steps all belong to climbs: no fixed-rate table, and no claim that
     # nothing was measured (it printed "no run produced a step" above its knees)
-    assert summary_table(_results(KNEES)).startswith("every step was part of a climb")
+    text = summary_table(_results(KNEES))
+    assert text.startswith("ladder (medians)")
+    assert "no run produced a step" not in text
+    assert re.search(rf"^{re.escape(BASE)}\s+20,500\s", text, re.M)
 
 
 def test_nothing_climbed_means_no_ladder():

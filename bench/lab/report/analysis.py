@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.lab.ladder import Ladder, ladder, pairwise_floor, step_load
+from bench.lab.machine import MachineVerdict, is_busy, machine_verdict
 from bench.lab.plots import Spread, StepKey, compared_steps, samples_during, spread
 from bench.lab.report.formatting import GENERATOR_LIMITED
 from bench.lab.results import HEADLINE_SLO_MS, SEED_SLO_MS, Results, Run, Step
@@ -25,6 +27,7 @@ RATIO_FIGURES = {
     "max": "max",
     "delivered_per_s": "delivered/s",
     "cpu_mean": "server CPU",
+    "cpu_us_per_frame": "CPU µs/frame",
     "rss_peak_mib": "peak RSS",
 }
 
@@ -43,6 +46,9 @@ class Row:
     headline_held: int  # repeats that held the headline SLO
     seed_held: int
     limited: list[tuple[Run, Step]]
+    # each figure per repeat, in repeat order (what the A/A floor pairs up)
+    values: dict[str, list[float | None]] = field(default_factory=dict)
+    busy: bool = False  # a step's window was busy (bench.lab.machine): nothing confirmed
 
 
 @dataclass
@@ -52,6 +58,9 @@ class Analysis:
     results: Results
     rows: dict[StepKey, dict[str, Row]]
     noise_floor: dict[StepKey, dict[str, float]]  # fraction: 0.05 is 5 %
+    ladder: Ladder | None = None  # the climbs' knees and costs, with their floors
+    # the machine around every fast-driver step (the ladder's own when there are climbs)
+    machine: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
     footnotes: list[str] = field(default_factory=list)
     marks: dict[tuple[StepKey, str], str] = field(default_factory=dict)
 
@@ -73,9 +82,12 @@ def _row(config: str, pairs: list[tuple[Run, Step]]) -> Row:
             "sent_per_s": step.sent_per_s,
             "delivered_per_s": step.delivered_per_s,
             "cpu_mean": statistics.fmean(cpu) if cpu else None,
-            # server CPU per delivered frame: what one frame to one member costs the server
+            # server CPU per delivered frame: what one frame to one member costs the server,
+            # over the step's exact window when the driver read it, else from the samples
             "cpu_us_per_frame": (
-                statistics.fmean(cpu) * 1e4 / step.delivered_per_s
+                step.server_us_per_frame
+                if step.server_us_per_frame is not None
+                else statistics.fmean(cpu) * 1e4 / step.delivered_per_s
                 if cpu and step.delivered_per_s
                 else None
             ),
@@ -97,6 +109,8 @@ def _row(config: str, pairs: list[tuple[Run, Step]]) -> Row:
         headline_held=sum(s.holds(HEADLINE_SLO_MS) for _, s in pairs),
         seed_held=sum(s.holds(SEED_SLO_MS) for _, s in pairs),
         limited=[(r, s) for r, s in pairs if s.generator_limited],
+        values=values,
+        busy=any(is_busy(step_load(s)) for _, s in pairs),
     )
 
 
@@ -113,16 +127,29 @@ def analyse(results: Results) -> Analysis:
             if first not in by_config or second not in by_config:
                 continue
             for name in RATIO_FIGURES:
-                a = by_config[first].figures.get(name)
-                b = by_config[second].figures.get(name)
-                if a is None or b is None:
-                    continue
-                low, high = sorted((a.median, b.median))
-                if low > 0:
-                    floor.setdefault(key, {})[name] = high / low - 1
-                elif high == 0:
-                    floor.setdefault(key, {})[name] = 0.0
-    analysis = Analysis(results, rows, floor)
+                value = pairwise_floor(
+                    by_config[first].values.get(name, []), by_config[second].values.get(name, [])
+                )
+                if value is not None:
+                    floor.setdefault(key, {})[name] = value
+    found = ladder(results)
+    if found is not None:
+        # CPU per frame at a cost rate has one floor, the ladder's, in every section
+        for key in rows:
+            cost = found.cost_floor.get(key.offered_per_s or 0.0)
+            if key.name.startswith("cost ") and cost is not None:
+                floor.setdefault(key, {})["cpu_us_per_frame"] = cost[0]
+    machine = (
+        found.machine
+        if found is not None
+        else machine_verdict(
+            step_load(step)
+            for run in results.runs
+            for step in run.steps
+            if step.driver == "fast" and not step.superseded
+        )
+    )
+    analysis = Analysis(results, rows, floor, found, machine=machine)
     for key, by_config in rows.items():
         for config, row in by_config.items():
             refs = []

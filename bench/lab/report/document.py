@@ -29,10 +29,10 @@ def report_blocks(results: Results, out_dir: Path, profiles_dir: Path | None = N
     title, *header = header_blocks(results)
     return [
         title,
-        *findings_blocks(results, plots, out_dir),
+        *findings_blocks(analysis, plots, out_dir),
         *header,
         *slo_blocks(),
-        *ladder_blocks(results),
+        *ladder_blocks(analysis.ladder),
         *tail_blocks(results, out_dir),
         *noise_floor_blocks(analysis),
         *driver_blocks(analysis),
@@ -41,7 +41,7 @@ def report_blocks(results: Results, out_dir: Path, profiles_dir: Path | None = N
         *capacity_blocks(results),
         *metrics_blocks(results),
         *figure_blocks([p for p in plots if p.name != "ladder"], out_dir),
-        *profile_blocks(results, out_dir, profiles_dir or out_dir),
+        *profile_blocks(results, out_dir, profiles_dir or out_dir, analysis.ladder),
     ]
 
 

@@ -7,6 +7,8 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from bench.lab.machine import BUSY
+
 if TYPE_CHECKING:
     from bench.lab.plots import Spread
 
@@ -50,12 +52,17 @@ def verdict(held: int, n: int) -> str:
     return f"✓ {held}/{n}" if held == n else f"✗ {held}/{n}"
 
 
-def ratio_cell(figure: Spread | None, base: Spread | None, floor: float | None) -> str:
+def ratio_cell(
+    figure: Spread | None, base: Spread | None, floor: float | None, *, busy: bool = False
+) -> str:
     """The ratio of medians with its range from the repeats' min-max, or "≈ no difference"
-    when the ratio is within the noise floor or the two ranges overlap."""
+    when the ratio is within the noise floor or the two ranges overlap; "not confirmed:
+    the machine was busy" beside it when a step of either was busy."""
     if figure is None or base is None or base.median <= 0:
         return EMPTY
     ratio = figure.median / base.median
+    if busy:
+        return f"{TIMES}{ratio:.2f} (not confirmed: {BUSY})"
     low = figure.low / base.high if base.high > 0 else ratio
     high = figure.high / base.low if base.low > 0 else ratio
     overlaps = (figure.n > 1 or base.n > 1) and low <= 1 <= high

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.lab.ladder import delivered_label, floor_text
 from bench.lab.plots import DRIVER_TITLES, Plot, StepKey, config_names
 from bench.lab.report.analysis import LATENCIES, RATIO_FIGURES, Analysis, Row
 from bench.lab.report.formatting import (
@@ -134,33 +135,50 @@ def slo_blocks() -> list[Block]:
 
 
 def noise_floor_blocks(analysis: Analysis) -> list[Block]:
-    """The A/A pair's difference per figure and step: the floor ratios are judged against."""
+    """Every figure's floor, computed once and quoted the same in every section: the
+    knee's and CPU per frame's (from the ladder), and each driver step's figures (from the
+    A/A pair, repeat i against repeat i)."""
     results = analysis.results
-    blocks: list[Block] = [Heading(2, "Noise floor (A/A pair)")]
-    if len(results.aa_pair) < 2 or not analysis.noise_floor:
-        blocks.append(
-            Para(
-                "No A/A pair with data in these results: no noise floor; ratios are judged "
-                "by the repeats' spread only."
-            )
-        )
-        return blocks
-    first, second = results.aa_pair[:2]
-    worst = max(
-        (
-            (f, key, name)
-            for key, floors in analysis.noise_floor.items()
-            for name, f in floors.items()
-        ),
-        key=lambda x: x[0],
-    )
+    blocks: list[Block] = [Heading(2, "Noise floor")]
+    found = analysis.ladder
+    pair = " = ".join(results.aa_pair[:2]) or "none"
     blocks.append(
         Para(
-            f"Noise floor: {first} and {second} have identical settings, so their difference "
-            f"is noise. The largest difference between them in a headline figure is "
-            f"±{worst[0] * 100:.1f} % ({RATIO_FIGURES[worst[2]]}, {worst[1].title}). A ratio "
-            "to the baseline within its own figure's floor below reads "
-            f'"{NO_DIFFERENCE}".'
+            f"The A/A pair ({pair}) has identical settings, so the difference between its "
+            "two configurations is noise: a figure's floor is the largest relative "
+            "difference between them in any repeat. A difference is claimed only when it "
+            "exceeds its own figure's floor in every repeat, on a quiet machine. These are "
+            "the floors every section quotes."
+        )
+    )
+    rows = []
+    if found is not None:
+        rows.append(["knee (delivered/s)", floor_text(found.floor), found.floor_source])
+        room = found.rungs[0].room_size if found.rungs else 10
+        for rate in found.cost_rates:
+            measured = found.cost_floor.get(rate)
+            rows.append(
+                [
+                    f"server CPU µs per delivered frame at {delivered_label(rate, room)}",
+                    floor_text(measured[0]) if measured else EMPTY,
+                    measured[1] if measured else "one repeat and no A/A pair: no floor",
+                ]
+            )
+    if rows:
+        blocks.append(Table(["figure", "floor", "from"], rows))
+    if not analysis.noise_floor:
+        if not rows:
+            blocks.append(
+                Para(
+                    "No A/A pair with data in these results: no noise floor; ratios are "
+                    "judged by the repeats' spread only."
+                )
+            )
+        return blocks
+    blocks.append(
+        Para(
+            "Each driver step's figures, the same A/A pair: a ratio to the baseline within "
+            f'its own figure\'s floor reads "{NO_DIFFERENCE}".'
         )
     )
     table = [
@@ -172,7 +190,7 @@ def noise_floor_blocks(analysis: Analysis) -> list[Block]:
 
 
 def _floor_cell(value: float | None) -> str:
-    return EMPTY if value is None else f"±{value * 100:.1f} %"
+    return EMPTY if value is None else floor_text(value)
 
 
 def driver_blocks(analysis: Analysis) -> list[Block]:
@@ -273,7 +291,12 @@ def _ratio_table(analysis: Analysis, key: StepKey, by_config: dict[str, Row]) ->
             [
                 config + analysis.marks.get((key, config), ""),
                 *(
-                    ratio_cell(row.figures.get(n), base.figures.get(n), floors.get(n))
+                    ratio_cell(
+                        row.figures.get(n),
+                        base.figures.get(n),
+                        floors.get(n),
+                        busy=row.busy or base.busy,
+                    )
                     for n in RATIO_FIGURES
                 ),
             ]

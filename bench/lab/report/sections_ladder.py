@@ -5,19 +5,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.lab.ladder import RESOLUTION, Comparison, Rung, by_connections, compare, findings, ladder
+from bench.lab.ladder import (
+    RESOLUTION,
+    Comparison,
+    Ladder,
+    Rung,
+    by_connections,
+    compare,
+    delivered_label,
+    findings,
+    floor_text,
+)
 from bench.lab.plots import Plot, server_tail
+from bench.lab.report.analysis import Analysis
 from bench.lab.report.formatting import DASH, EMPTY, GENERATOR_LIMITED, num, slug
 from bench.lab.report.model import Block, Bullets, Heading, Image, Para, Table
 from bench.lab.results import HEADLINE_SLO_MS, Results
 from bench.lab.tailwatch import likely_cause
 
 
-def findings_blocks(results: Results, plots: list[Plot], out_dir: Path) -> list[Block]:
-    """The sentences the report opens with, and the capacity-ladder chart under them."""
-    found = ladder(results)
+def findings_blocks(analysis: Analysis, plots: list[Plot], out_dir: Path) -> list[Block]:
+    """The sentences the report opens with (the machine first when it was busy), and the
+    capacity-ladder chart under them."""
+    found = analysis.ladder
     if found is None:
-        return []
+        if not analysis.machine.windows:
+            return []
+        return [Heading(2, "Findings"), Bullets([analysis.machine.sentence()])]
     blocks: list[Block] = [Heading(2, "Findings"), Bullets(findings(found))]
     chart = next((p for p in plots if p.name == "ladder" and p.path is not None), None)
     if chart is not None and chart.path is not None:
@@ -25,12 +39,13 @@ def findings_blocks(results: Results, plots: list[Plot], out_dir: Path) -> list[
     return blocks
 
 
-def ladder_blocks(results: Results) -> list[Block]:
-    """Every climbed configuration: its knees, its multiples of the baseline and of the
-    relays with their verdicts, the shape it was measured at, and its climb's steps."""
-    found = ladder(results)
+def ladder_blocks(found: Ladder | None) -> list[Block]:
+    """Every climbed configuration: its knees and CPU per frame, its multiples of the
+    baseline and of the relays with their verdicts, the shape it was measured at, and its
+    climb's steps."""
     if found is None:
         return []
+    room = found.rungs[0].room_size if found.rungs else 10
     blocks: list[Block] = [
         Heading(2, "Capacity ladder"),
         Para(
@@ -38,15 +53,20 @@ def ladder_blocks(results: Results) -> list[Block]:
             "stayed under the SLO with nothing lost, found by the fast driver's climb "
             "(multiply the offered rate while it holds, then bisect to within "
             f"{RESOLUTION * 100:.0f} %). A difference is claimed only when it holds in every "
-            f"repeat and exceeds the noise floor, here ±{found.floor * 100:.1f} % "
-            f'({found.floor_source}); otherwise it reads "not confirmed" with the reason. '
+            f"repeat and exceeds the noise floor, here {floor_text(found.floor)} "
+            f"({found.floor_source}), on a quiet machine; otherwise it reads "
+            '"not confirmed" with the reason. '
             "\u2265 marks a knee that is only a lower bound (the driver was the limit, or "
-            "nothing broke up to the climb's top rate)."
+            "nothing broke up to the climb's top rate). Beside each knee, the server's CPU "
+            "µs per delivered message frame at each stated cost rate (median over repeats, "
+            'min\u2013max; "busy" when the machine was): it holds where a knee is only a '
+            "lower bound."
         ),
     ]
     relays = found.relays
     header = ["configuration", "knee (median)", "min\u2013max", "per repeat", "vs baseline"]
     header += [f"vs {r.config}" for r in relays]
+    header += [f"µs/frame at {delivered_label(rate, room)}" for rate in found.cost_rates]
     header += ["stalls / re-runs"]
     rows = []
     for rung in found.rungs:
@@ -67,9 +87,13 @@ def ladder_blocks(results: Results) -> list[Block]:
         for relay in relays:
             comparison = found.against_relays.get(rung.config, {}).get(relay.config)
             row.append(comparison.ratio_text() if comparison else EMPTY)
+        row += [
+            rung.costs[rate].label() if rate in rung.costs else EMPTY for rate in found.cost_rates
+        ]
         row.append(f"{rung.stalled_steps} / {rung.reruns}")
         rows.append(row)
     blocks.append(Table(header, rows))
+    blocks += cost_blocks(found)
     blocks.append(
         Table(
             [
@@ -131,6 +155,71 @@ def ladder_blocks(results: Results) -> list[Block]:
             )
         )
     return blocks
+
+
+def cost_blocks(found: Ladder) -> list[Block]:
+    """Each chat rung's CPU per frame against the rung before it, the baseline and its
+    transport's relay, at every cost rate, with the verdicts."""
+    if not found.cost_rates:
+        return []
+    room = found.rungs[0].room_size if found.rungs else 10
+    rows = []
+    for rung in found.chat_rungs:
+        for rate in found.cost_rates:
+            cost = rung.costs.get(rate)
+            if cost is None:
+                continue
+            rows.append(
+                [
+                    rung.config,
+                    delivered_label(rate, room),
+                    cost.label(),
+                    *(
+                        _cost_claim(table.get(rung.config, {}).get(rate))
+                        for table in (
+                            found.cost_vs_previous,
+                            found.cost_vs_baseline,
+                            found.cost_vs_relay,
+                        )
+                    ),
+                ]
+            )
+    floors = "; ".join(
+        f"{floor_text(found.cost_floor[rate][0])} at {delivered_label(rate, room)}"
+        for rate in found.cost_rates
+        if rate in found.cost_floor
+    )
+    return [
+        Heading(3, "What a frame costs"),
+        Para(
+            "The server's CPU (user + system of its process tree, read by the driver over "
+            "each cost step's send phase) divided by the message frames room members "
+            "received; acks are not counted (the chat server writes N+1 frames per send, a "
+            "relay N). Ratios are repeat by repeat, below 1 costs less; confirmed beyond the "
+            f"floor ({floors or 'none measured'}) in every repeat on a quiet machine. The "
+            "rung before is the ladder's previous step (for an A/A twin, its original)."
+        ),
+        Table(
+            [
+                "configuration",
+                "at",
+                "µs/frame",
+                "vs the rung before",
+                "vs the baseline",
+                "vs its transport's relay",
+            ],
+            rows,
+        ),
+    ]
+
+
+def _cost_claim(comparison: Comparison | None) -> str:
+    if comparison is None or not comparison.ratios:
+        return EMPTY
+    if comparison.verdict == "not confirmed":
+        return f"{comparison.ratio_text()} (not confirmed: {comparison.reason})"
+    what = "costs less" if comparison.verdict == "lower" else "costs more"
+    return f"{comparison.ratio_text()} ({what}, confirmed; vs {comparison.reference})"
 
 
 def tail_blocks(results: Results, out_dir: Path) -> list[Block]:

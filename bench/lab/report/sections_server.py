@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.lab.ladder import Ladder, profiling_sentence
 from bench.lab.plots import config_names
 from bench.lab.report.formatting import EMPTY, slug, value_text
 from bench.lab.report.model import Block, Code, Heading, Image, Para, Table, pipe_table
@@ -84,8 +85,11 @@ def metrics_blocks(results: Results) -> list[Block]:
     return blocks
 
 
-def profile_blocks(results: Results, out_dir: Path, profiles_dir: Path) -> list[Block]:
-    """Each profiled configuration's top functions and call graph, from its snapshots."""
+def profile_blocks(
+    results: Results, out_dir: Path, profiles_dir: Path, found: Ladder | None = None
+) -> list[Block]:
+    """What profiling cost (CPU per frame against the same configuration unprofiled), then
+    each profiled configuration's top functions and call graph, from its snapshots."""
     by_config = {
         c: [p for r in results.runs if r.config == c for p in r.profiles]
         for c in config_names(results)
@@ -94,6 +98,9 @@ def profile_blocks(results: Results, out_dir: Path, profiles_dir: Path) -> list[
     if not by_config:
         return []
     blocks: list[Block] = [Heading(2, "Profiles")]
+    room = found.rungs[0].room_size if found is not None and found.rungs else 10
+    for comparison in found.profiling if found is not None else []:
+        blocks.append(Para(profiling_sentence(comparison, room)))
     try:
         from bench.lab import profiles  # type: ignore[attr-defined]
     except ImportError as exc:

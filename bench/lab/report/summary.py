@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.lab.report.analysis import analyse
+from bench.lab.ladder import Comparison, Ladder, delivered_label, floor_text
+from bench.lab.report.analysis import Analysis, analyse
 from bench.lab.report.formatting import EMPTY, num, ratio_cell, verdict
 from bench.lab.results import Results
 
@@ -19,13 +20,57 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
 
 def summary_table(results: Results) -> str:
     """Plain text for the terminal: per driver step, each configuration's median p50, p99,
-    max, delivered/s and server CPU, its headline SLO verdict and p99 against the baseline."""
+    max, delivered/s and server CPU, its headline SLO verdict and p99 against the baseline;
+    then the ladder (each rung's knee and CPU µs per frame); the machine's verdict first
+    when it was busy."""
     analysis = analyse(results)
-    if not analysis.rows:
-        if any(run.knee for run in results.runs):
-            return "every step was part of a climb: each configuration's knee is in the report"
-        return "no run produced a step"
-    parts = []
+    parts = [analysis.machine.sentence()] if analysis.machine.busy else []
+    parts += _step_tables(results, analysis)
+    if analysis.ladder is not None:
+        parts.append(ladder_table(analysis.ladder))
+    elif not parts:
+        parts.append("no run produced a step")
+    return "\n\n".join(parts)
+
+
+def ladder_table(found: Ladder) -> str:
+    """The ladder as plain text: per rung its knee (median, min-max) and CPU µs per frame
+    at each cost rate with its ratio to the rung before."""
+    room = found.rungs[0].room_size if found.rungs else 10
+    header = ["ladder (medians)", "knee delivered/s", "min-max"]
+    for rate in found.cost_rates:
+        header += [f"µs/frame @{delivered_label(rate, room)}", "vs before"]
+    rows = []
+    for rung in found.rungs:
+        row = [
+            rung.config + (" (relay)" if rung.target == "relay" else ""),
+            rung.label() + (" (driver)" if rung.driver_limited else ""),
+            f"{rung.low:,.0f}-{rung.high:,.0f}",
+        ]
+        for rate in found.cost_rates:
+            cost = rung.costs.get(rate)
+            row.append(cost.label() if cost is not None else EMPTY)
+            versus = found.cost_vs_previous.get(rung.config, {}).get(rate)
+            row.append(_versus(versus))
+        rows.append(row)
+    floors = [f"knee {floor_text(found.floor)}"] + [
+        f"µs/frame @{delivered_label(rate, room)} {floor_text(found.cost_floor[rate][0])}"
+        for rate in found.cost_rates
+        if rate in found.cost_floor
+    ]
+    return _text_table(header, rows) + "\nfloors: " + "; ".join(floors)
+
+
+def _versus(comparison: Comparison | None) -> str:
+    if comparison is None or not comparison.ratios:
+        return EMPTY
+    mark = {"lower": " less", "higher": " more"}.get(comparison.verdict, " ?")
+    return comparison.ratio_text().split(" (")[0] + mark
+
+
+def _step_tables(results: Results, analysis: Analysis) -> list[str]:
+    """One table per fixed-rate driver step (climbs' steps are in the ladder)."""
+    parts: list[str] = []
     for key, by_config in analysis.rows.items():
         base = by_config.get(results.baseline)
         floors = analysis.noise_floor.get(key, {})
@@ -63,4 +108,4 @@ def summary_table(results: Results) -> str:
         ]
         parts.append(_text_table(header, rows))
     notes = [f"[{i}] {text}" for i, text in enumerate(analysis.footnotes, 1)]
-    return "\n\n".join(parts + (["\n".join(notes)] if notes else []))
+    return parts + (["\n".join(notes)] if notes else [])
