@@ -65,9 +65,7 @@ def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) 
     matrix = tmp_path / "tiny.toml"
     matrix.write_text(TINY_MATRIX)
     out = tmp_path / "report"
-    done = lab(
-        "run", "--matrix", str(matrix), "--out", str(out), "--quiet", "--wait-quiet-s", "0"
-    )
+    done = lab("run", "--matrix", str(matrix), "--out", str(out), "--quiet", "--wait-quiet-s", "0")
     assert done.returncode == 0, done.stdout + done.stderr
     results = Results.load(out / "results.json")
     assert [r.config for r in results.runs] == ["json", "protobuf+uvloop"]
