@@ -110,12 +110,13 @@ def compared_steps(results: Results) -> dict[StepKey, dict[str, list[tuple[Run, 
 
     Keys come fast driver first (by offered rate), then Locust; configurations in the
     matrix's order. Failed runs are left out, and so are the steps of a capacity climb
-    (each configuration climbs its own rates: the ladder shows them, per configuration).
+    (each configuration climbs its own rates: the ladder shows them, per configuration);
+    the cost steps a climbing run makes first are kept (every rung runs the same rates).
     """
     groups: dict[StepKey, dict[str, list[tuple[Run, Step]]]] = {}
     for run in measured_runs(results):
         for step in run.steps:
-            if run.knee and step.driver == "fast":
+            if run.knee and step.driver == "fast" and not step.cost:
                 continue
             key = StepKey(step.driver, step.name, step.offered_per_s)
             groups.setdefault(key, {}).setdefault(run.config, []).append((run, step))
@@ -439,7 +440,7 @@ def capacity_ladder(results: Results, out_png: Path) -> Path | None:
             color="0.3",
             ls=styles[k % len(styles)],
             lw=1.3,
-            label=f"relay: {relay.config} {relay.label()}/s",
+            label=f"{relay.config}: {relay.label()}/s",
         )
     ax.set_xticks(x, [r.config for r in rungs], rotation=15, ha="right", fontsize=8)
     ax.set_ylabel("knee: delivered messages/s at fan-out p99 < 100 ms")

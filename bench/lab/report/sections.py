@@ -24,7 +24,7 @@ from bench.lab.report.formatting import (
     verdict,
 )
 from bench.lab.report.model import Block, Bullets, Code, Heading, Image, Para, Table
-from bench.lab.results import HEADLINE_SLO_MS, SEED_SLO_MS, Results
+from bench.lab.results import HEADLINE_SLO_MS, SEED_REPORT, SEED_SLO_MS, Results
 
 # keys of Results.configs entries with a column of their own
 _DESCRIBED_APART = frozenset({"env", "description", "target", "load", "same_as"})
@@ -63,6 +63,7 @@ def header_blocks(results: Results) -> list[Block]:
         f"runs: {len(names)} configurations, {results.repeat} repeat(s) each, interleaved; "
         f"{len(runs)} runs, {len(not_ok)} not ok",
         f"baseline: {results.baseline}; A/A pair: {' = '.join(results.aa_pair) or 'none'}",
+        f"the seed report, named below: {SEED_REPORT}",
         "interrupted: yes \u2014 figures cover only the runs that finished"
         if results.interrupted
         else "interrupted: no",
