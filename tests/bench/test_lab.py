@@ -117,7 +117,7 @@ def test_every_built_in_matrix_loads_with_a_baseline_and_an_aa_pair() -> None:
 
 
 def test_demo_matrix_fits_the_readme_promise() -> None:
-    # a capacity ladder (issue #14): every rung climbed twice, the relays as ceilings, the
+    # a capacity ladder (README, The lab): every rung climbed twice, the relays as ceilings, the
     # baseline's Locust run and profile kept, all in under 10 minutes after setup
     demo = load_matrix("demo")
     assert demo.repeat == 2
