@@ -31,9 +31,9 @@ its CPU from psutil, and the summary says what was not measured).
 fast driver climbs by 1.25 times a step from ``--capacity-start-rate`` with
 ``--capacity-step-s``-second steps, 20 by default, until p99 passes 100 ms) and runs
 that variant at 0.7 of its knee instead of ``--rate``: "70 % of the capacity just
-measured" in one command. A 5-s step's knee is a burst's: measured here, 264,240
-delivered/s with 5-s steps against 237,420 with 20-s steps, and a minute at 70 % of the
-first was far past the tail that 70 % of the second held.
+measured" in one command. A 5-s step's knee is a burst's, higher than a 20-s step's, and
+a minute at 70 % of it is far past the tail that 70 % of a steady knee holds
+(``docs/decisions/0012-the-instrument.md``).
 
 A load measurement owns the machine: nothing else heavy may run meanwhile.
 """

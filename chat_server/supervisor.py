@@ -46,7 +46,7 @@ seats whose worker is ready, rewritten whenever that set changes. So:
 - connections spread evenly over the ready workers however busy each one is: a burst
   of 40 lands about 20/20, 40/0 once in 2^39 (a single shared socket gave each new
   connection to whichever worker called ``accept`` first, and on a loaded machine
-  one worker could take a whole burst: measured, 40 of 40);
+  one worker could take a whole burst: ``docs/decisions/0010-workers-reuseport.md``);
 - a dead or starting worker gets no new connections: the supervisor learns of a death
   at once (a pidfd per worker in its selector) and steers past that seat. The few
   connections that reached the seat's queue before that (or that the worker had not

@@ -1,12 +1,13 @@
 """The server's view of its own tail: GC pauses, event-loop lag, and the GC policy.
 
 Latency spikes far below the knee come from the process, not the load: a cyclic
-garbage collection of the oldest generation walks every tracked object (with
-2,000 connections open, 32-145 ms under CPython's default thresholds), and every
-callback waiting on the loop waits behind it. This module measures that from
-inside (:class:`GcWatch`, :class:`LoopLagTicker`, histograms the metrics expose as
-``chat_gc_pause_seconds`` and ``chat_loop_lag_seconds``) and applies the policy
-``GC_POLICY`` chooses (:func:`apply_gc_policy`).
+garbage collection of the oldest generation walks every tracked object (tens of
+milliseconds or more with thousands of connections open; measured in
+``docs/decisions/0007-gc-policy.md``), and every callback waiting on the loop waits
+behind it. This module measures that from inside (:class:`GcWatch`,
+:class:`LoopLagTicker`, histograms the metrics expose as ``chat_gc_pause_seconds`` and
+``chat_loop_lag_seconds``) and applies the policy ``GC_POLICY`` chooses
+(:func:`apply_gc_policy`).
 
 ``GC_POLICY=tuned`` (the default): once the server is up, every object made so far
 (modules, settings, codecs: the long-lived ones) is moved out of the collector's
@@ -16,7 +17,7 @@ the oldest never automatically. What a full collection would free (reference
 cycles that outlived two young collections, such as a closed connection's
 objects) is freed by :class:`QuietCollector`: a full collection once the server
 has been idle for a second, or at the latest every ``GC_FULL_INTERVAL_S``. The cost is memory:
-cyclic garbage waits for that collection (measured in ``docs/performance.md``).
+cyclic garbage waits for that collection (``docs/decisions/0007-gc-policy.md``).
 ``GC_POLICY=default`` keeps CPython's own thresholds (for the lab to compare).
 """
 

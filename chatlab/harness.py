@@ -41,9 +41,8 @@ def pin_this_thread(cores: Iterable[int] | None) -> None:
     is per thread); None or none leaves it free.
 
     A measurement's own work (scrapes, samples) runs this way on the generator's core,
-    so that it never takes the server's. (At 170,000 delivered/s bench.tail's unpinned
-    main thread ran 45 ms in 40 s on the server's core; pinning its scraper changed no
-    tail measurably, but the apparatus has no business there.)
+    so that it never takes the server's: the apparatus has no business there
+    (``docs/decisions/0012-the-instrument.md``).
     """
     if cores:
         os.sched_setaffinity(0, set(cores))

@@ -27,9 +27,9 @@ outcome is reported on the event loop, in commit order, to the callback given to
 
 Checkpoints never run inside a commit (``wal_autocheckpoint`` is off): a
 checkpointer thread with its own connection checkpoints the WAL and restarts it
-(:class:`~chat_server.store.sqlite_wal.Checkpointer`, where the why and the figures
-are). To restart it, it holds the commits (``_commit_lock``) for a few milliseconds:
-commits on the loop wait in a list; the loop goes on. A reader that holds an old
+(:class:`~chat_server.store.sqlite_wal.Checkpointer`, where the why is; the figures are
+in ``docs/decisions/``). To restart it, it holds the commits (``_commit_lock``) for a few
+milliseconds: commits on the loop wait in a list; the loop goes on. A reader that holds an old
 snapshot open can keep checkpoints from catching up; once what is not checkpointed
 passes ``wal_max_bytes`` new submissions are refused with ``unavailable``
 ("checkpoint blocked") until a checkpoint catches up, so what it holds unchecked
@@ -383,14 +383,13 @@ class SqliteHistoryStore(LedgerStore):
         With a ``commit_interval_ms``, a hand-over that comes sooner than that after the
         last one waits for the rest of the interval (a timer), gathering later
         iterations' messages into the same transaction: under load a commit per
-        iteration (3,300/s of ~4 messages at 140k delivered/s, 76 us each) cost a
-        quarter of the server's core; at light load messages arrive further apart than
-        the interval and are committed at the end of their iteration as before. A wait
-        under half the interval is not worth a timer (uvloop's have 1 ms steps), and a
-        list of ``COMMIT_NOW_SIZE`` sends is committed at once: near saturation the
-        iterations are long and their lists big, and holding them cost capacity (two
-        climbs at 2,000 connections: knees of 217k and 156k delivered/s against 257k
-        and 264k without the interval).
+        iteration of a few messages each took a large share of the server's core; at
+        light load messages arrive further apart than the interval and are committed at
+        the end of their iteration as before. A wait under half the interval is not
+        worth a timer (uvloop's have 1 ms steps), and a list of ``COMMIT_NOW_SIZE``
+        sends is committed at once: near saturation the iterations are long and their
+        lists big, and holding them cost capacity
+        (``docs/decisions/0002-commit-interval.md``).
         """
         self._handover_scheduled = False
         if not self._pending:

@@ -119,10 +119,9 @@ def open_writer(
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
         # This connection never cuts the WAL file back: the cut is an ftruncate in the
-        # commit that restarts it, on the loop with CHAT_DB_COMMIT=loop, where one took
-        # 201 ms (strace, 2,000 connections), and cutting a WAL grown under load stalled
-        # the first second after every pause (docs/performance.md). The checkpointer's
-        # restarts cut it instead (see chat_server.store.sqlite_wal).
+        # commit that restarts it, on the loop with CHAT_DB_COMMIT=loop, where it stalled
+        # every connection (docs/decisions/0004-checkpoints-off-the-commit.md). The
+        # checkpointer's restarts cut it instead (see chat_server.store.sqlite_wal).
         conn.execute("PRAGMA journal_size_limit = -1")
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
     except sqlite3.Error as exc:

@@ -17,9 +17,10 @@ between two restarts, and a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts
 loop. SQLite syncs the new WAL header at every restart (so that a power loss cannot mix
 old and new frames); for these restarts that happens in the checkpointer's restarting
 write, not in a commit. A WAL that restarts by itself (a lull let a checkpoint finish)
-still has the commit that restarts it sync the header: 0.3-0.5 ms under strace here. A
-reader that holds an old snapshot open (an outside tool in a long transaction) can keep
-a checkpoint from finishing; the WAL then grows, and once what is not checkpointed
+still has the commit that restarts it sync the header (a fraction of a millisecond:
+``docs/decisions/0004-checkpoints-off-the-commit.md``). A reader that holds an old
+snapshot open (an outside tool in a long transaction) can keep a checkpoint from
+finishing; the WAL then grows, and once what is not checkpointed
 passes ``wal_max_bytes`` the checkpointer tells the store (``on_blocked``), which
 refuses new submissions with ``unavailable`` until a checkpoint catches up, so what it
 holds unchecked stays bounded.
@@ -60,22 +61,15 @@ logger = logging.getLogger("chat_server.store")
 #: how often the checkpointer looks at the WAL file's size
 CHECKPOINT_POLL_S: Final = 0.25
 #: a checkpoint still running after this long (s) had no idle time on its core: the loop
-#: puts the checkpointer at normal priority until it ends. Five interleaved minutes each
-#: at 68,640 delivered/s (2,000 connections in rooms of 10, the core 92 % busy,
-#: ``python -m bench.tail --rate 6864 --repeat 5`` with ``--server-root`` of both): at
-#: 0.5 s 1-5 raises a minute, each taking the loop's core mid-load, p99 25.8-256.6 ms
-#: (median 65.8); at 2 s none, p99 18.5-48.9 ms (median 29.8), lower in 5 of 5 pairs,
-#: CPU per frame unchanged. Past capacity (``--rate 12000``, one pair) the WAL file still
-#: stays bounded, a little larger: 98 -> 153 MiB (docs/performance.md, seventh section).
+#: puts the checkpointer at normal priority until it ends. Long enough that a busy core's
+#: checkpoints finish in its idle time instead of taking the core from the loop mid-load
+#: (0.5 s did; docs/decisions/0005-checkpointer-priority.md)
 CATCH_UP_AFTER_S: Final = 2.0
 #: once the WAL holds this many checkpoints' worth of frames (``checkpoint_pages`` each)
 #: since it last restarted, the checkpointer has it restart (see
-#: :meth:`Checkpointer._restart_wal`). Each restart holds the commits for a few ms. Ten
-#: interleaved minutes each at 66,200 delivered/s (2,000 connections in rooms of 10,
-#: ``python -m bench.tail --rate 6620 --repeat 1``): at 4 (16 MB) 39-51 holds a minute,
-#: and 17 of the seconds with a delivery of 50 ms or more overlapped a hold of 10 ms or
-#: more; at 16 (64 MB) 13-15 holds and 4 such seconds, for a WAL file of 72-81 MiB
-#: instead of 27-42; the maxima were not told apart (docs/performance.md)
+#: :meth:`Checkpointer._restart_wal`). Each restart holds the commits for a few ms: a
+#: rarer restart means fewer holds for a larger WAL file
+#: (docs/decisions/0006-wal-restart.md)
 WAL_RESTART_CHECKPOINTS: Final = 16
 #: a WAL file bigger than this many restarts' worth is cut back to it when the WAL restarts
 WAL_FILE_LIMIT_RESTARTS: Final = 4
@@ -251,13 +245,12 @@ class Checkpointer:
         missing, it stays normal. Returns whether its policy changed.
 
         At normal priority the checkpointer took its share of the loop's core in the
-        middle of a burst: at 170,000 delivered/s it ran 24 ms a second and the loop waited
-        as long for its core. As ``SCHED_IDLE`` it runs in the loop's idle time, and a
-        loop that wakes takes the core back at once. A core with no idle time (the server
-        past its capacity) starves it: there 6 checkpoints ran in 45 s. So the loop
+        middle of a burst, and the loop waited as long for its core. As ``SCHED_IDLE`` it
+        runs in the loop's idle time, and a loop that wakes takes the core back at once.
+        A core with no idle time (the server past its capacity) starves it. So the loop
         (:meth:`_watch`) puts a checkpoint that runs past ``CATCH_UP_AFTER_S`` at normal
-        priority, and the checkpointer goes back to ``SCHED_IDLE`` when it ends (48
-        checkpoints in 45 s there).
+        priority, and the checkpointer goes back to ``SCHED_IDLE`` when it ends
+        (``docs/decisions/0005-checkpointer-priority.md``).
         """
         tid = self.tid
         if idle and not self._idle_policy:
@@ -334,7 +327,7 @@ class Checkpointer:
         SQLite restarts the WAL only when a write begins after a checkpoint copied every
         frame back. Beside a commit every millisecond a PASSIVE checkpoint never ends
         with nothing left, so under steady load the WAL never restarted and its file grew
-        by every commit (34 MB/s at 170,000 delivered/s, 2 GB a minute). So: PASSIVE
+        by every commit (``docs/decisions/0006-wal-restart.md``). So: PASSIVE
         passes without holding anything (still in the loop's idle time), each copying
         what came in during the one before, until one is short (``SHORT_PASS_S``); then,
         at normal priority and holding ``commit_lock`` (a commit on the loop that finds

@@ -228,7 +228,7 @@ class ChatConnection(ServerConnection):
 
     Its own fields are slots: added to the instance's ``__dict__`` they pushed it past
     the 30 keys a class's instances can share, and every connection then carried a
-    dict of its own (1.6 KiB per idle connection, ``python -m bench.memory``).
+    dict of its own (``docs/decisions/0008-messages-from-data-received.md``).
     """
 
     __slots__ = ("_early", "_fragmented_text", "_fragments", "_on_message", "chat_user")
@@ -425,8 +425,9 @@ def permessage_deflate(window_bits: int = 12, mem_level: int = 5) -> ServerPerMe
 def _deflate_extensions(settings: Settings) -> list[ServerPerMessageDeflateFactory] | None:
     """permessage-deflate as ``WS_DEFLATE`` says: websockets' memory-frugal defaults.
 
-    On: window 2^12 both ways and zlib memLevel 5: 54 KiB of server RSS per idle
-    connection against 17 KiB without deflate (``python -m bench.memory``).
+    On: window 2^12 both ways and zlib memLevel 5, since even these cost several times
+    the memory per idle connection of deflate off
+    (``docs/decisions/0009-permessage-deflate.md``).
     REGRESSION=deflate_max_window: window 2^15 and memLevel 9, zlib's maximum
     (its memory cost is for the lab to measure).
     """

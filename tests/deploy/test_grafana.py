@@ -20,7 +20,7 @@ from tests.deploy.conftest import DEPLOY, Observed, needs_prometheus, recording_
 
 DASHBOARD = DEPLOY / "grafana" / "chatlab.json"
 PANEL_TYPES = {"row", "timeseries", "stat"}
-#: what the issue asks the dashboard to show, each a word of some panel's title
+#: what the dashboard must show (README, Monitoring), each a word of some panel's title
 SUBJECTS = ("per second", "SLO", "Connections", "CPU", "GC pauses", "loop lag")
 #: PromQL words that are not series names
 PROMQL_WORDS = {
