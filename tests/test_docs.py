@@ -27,7 +27,7 @@ PROSE_SUFFIXES = {".md", ".rst", ".txt", ".py", ".proto", ".toml", ".j2", ".html
 OUTSIDE = re.compile(r"\bclosing[\s#/]+notes?\b", re.IGNORECASE)
 #: issue numbers: fine in commit messages, outside the repository in a document or docstring
 ISSUE_NUMBER = re.compile(r"\bissues?[\s#/]+#\d+", re.IGNORECASE)
-ISSUE_NUMBER_SUFFIXES = {".md", ".rst", ".py", ".proto"}
+ISSUE_NUMBER_SUFFIXES = {".md", ".rst", ".py", ".proto", ".toml"}
 #: the definition, word for word wherever it is given (line breaks and comment marks aside)
 SEED_DEFINITION = (
     "the report this project started from, whose server measured 6,500 → 18,000"
@@ -119,7 +119,8 @@ def test_pointers_outside_are_recognised() -> None:
     closing, issue = "Closing" + " Notes", "issue" + " #17"
     assert pointers_outside(f"see the {closing} of the issue", ".md") == [closing]
     assert pointers_outside(f"(changed, {issue})", ".py") == [issue]
-    assert pointers_outside(f"(changed, {issue})", ".toml") == []
+    assert pointers_outside(f"(changed, {issue})", ".toml") == [issue]  # the matrices' comments
+    assert pointers_outside(f"(changed, {issue})", ".txt") == []
     assert pointers_outside("the closing handshake; issuer chatlab-auth", ".md") == []
 
 
