@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -144,6 +145,23 @@ def read_host() -> HostTimes:
     return HostTimes(busy, getattr(t, "steal", 0.0))
 
 
+def process_cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds (user + system) of one process so far: the sum of its threads' time on
+    a CPU in nanoseconds (``/proc/PID/task/*/schedstat``), else psutil's clock ticks (10 ms
+    each: a 3-s step at a third of a core would be ±1 % from ticks alone)."""
+    total_ns = 0
+    try:
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            with suppress(OSError, ValueError, IndexError):
+                total_ns += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        total_ns = 0
+    if total_ns:
+        return total_ns / 1e9
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
 def tree_cpu_s(root: psutil.Process | None) -> float:
     """CPU seconds (user + system) of ``root`` and its living descendants so far."""
     if root is None:
@@ -152,8 +170,7 @@ def tree_cpu_s(root: psutil.Process | None) -> float:
     with suppress(psutil.Error):
         for proc in [root, *root.children(recursive=True)]:
             with suppress(psutil.Error):
-                t = proc.cpu_times()
-                total += t.user + t.system
+                total += process_cpu_s(proc)
     return total
 
 

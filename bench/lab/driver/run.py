@@ -31,7 +31,7 @@ from bench.lab.driver.connections import (
 from bench.lab.driver.frames import decode_frame, frame_kind_reader, send_frame
 from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
-from bench.lab.machine import HostTimes, read_host, tree_cpu_s
+from bench.lab.machine import HostTimes, process_cpu_s, read_host, tree_cpu_s
 from bench.lab.results import Step, TimePoint
 from chat_server.codecs import get_codec
 from chat_server.messages import Join
@@ -438,8 +438,7 @@ class Driver:
         if self.lab is not None:
             ours = tree_cpu_s(self.lab)
         else:
-            own = self.process.cpu_times()
-            ours = (server or 0.0) + own.user + own.system
+            ours = (server or 0.0) + process_cpu_s(self.process)
         return time.monotonic(), server, ours, read_host()
 
     @staticmethod
