@@ -101,6 +101,7 @@ def machine_facts() -> dict[str, Any]:
         with suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
     return {
+        "commit": git_commit(),
         "cores": os.cpu_count(),
         "usable_cores": usable_cores(),
         "cpu_model": model,
@@ -109,6 +110,31 @@ def machine_facts() -> dict[str, Any]:
         "platform": platform.platform(),
         "versions": versions,
     }
+
+
+def git_commit() -> str:
+    """The checkout's commit (short), with ``+changes`` when its files differ from it;
+    "" outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return ""
+    if head.returncode != 0:
+        return ""
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def busy_elsewhere_percent(seconds: float = 1.0) -> float:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.lab.ladder import ladder
 from bench.lab.plots import draw_all
 from bench.lab.report.analysis import analyse
+from bench.lab.report.figures import figures_markdown
 from bench.lab.report.model import Block
 from bench.lab.report.render import to_html, to_markdown
 from bench.lab.report.sections import (
@@ -48,7 +50,8 @@ def report_blocks(results: Results, out_dir: Path, profiles_dir: Path | None = N
 def write_report(
     results: Results, out_dir: Path, profiles_dir: Path | None = None
 ) -> tuple[Path, Path]:
-    """Write ``out_dir/report.md``, ``out_dir/report.html`` and the PNGs under ``out_dir/plots``.
+    """Write ``out_dir/report.md``, ``out_dir/report.html``, the PNGs under ``out_dir/plots``
+    and, when something was climbed, ``out_dir/figures.md`` (the current-figures table).
 
     ``profiles_dir`` is where ``Run.profiles`` paths are relative to (default ``out_dir``).
     Returns the two documents' paths; the HTML needs no other file.
@@ -59,4 +62,7 @@ def write_report(
     html_path = out_dir / "report.html"
     md_path.write_text(to_markdown(blocks), encoding="utf-8")
     html_path.write_text(to_html(blocks, f"Lab report: {results.matrix}"), encoding="utf-8")
+    figures = figures_markdown(results, ladder(results))
+    if figures:
+        (out_dir / "figures.md").write_text(figures, encoding="utf-8")
     return md_path, html_path
