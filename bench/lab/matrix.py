@@ -134,6 +134,7 @@ class Matrix:
             if config.fast:
                 steps = load.climb_steps_expected()
                 run_s += load.warmup_s + steps * (load.step_s + load.drain_s) + 2
+                run_s += len(load.cost_rates) * (load.cost_step_s + load.drain_s)
                 run_s += 3 if load.climb else 0  # settling after the broken steps
             if config.locust and config.target == "chat" and load.locust_profile:
                 run_s += load.locust_duration_s() + 4
