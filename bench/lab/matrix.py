@@ -125,7 +125,7 @@ class Matrix:
         """The load ``config`` gets."""
         return config.load or self.load
 
-    def estimate_s(self, repeat: int, per_run_overhead_s: float = 6.0) -> float:
+    def estimate_s(self, repeat: int, per_run_overhead_s: float = 3.0) -> float:
         """Rough seconds the whole matrix takes, for the progress bar."""
         total = 0.0
         for config in self.configs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,10 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
     demo = load_matrix("demo")
     assert demo.repeat == 2
     assert demo.estimate_s(demo.repeat) < 10 * 60
+    # what the README promises and what the lab announces agree within 20 %
+    promised = re.search(r"make demo .*\(~(\d+) min\)", (ROOT / "README.md").read_text())
+    assert promised is not None
+    assert 0.8 < int(promised.group(1)) * 60 / demo.estimate_s(demo.repeat) < 1.2
     assert {c.env.get("TRANSPORT", "websockets") for c in demo.configs if c.target == "relay"} == {
         "websockets",
         "picows",
