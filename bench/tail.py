@@ -49,12 +49,14 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from bench.lab.results import Step
+from bench.lab.driver.config import DriverArgs
+from bench.lab.results import Run, Step, edge
 from bench.lab.runner import RelayProcess, scrape_metrics
 from chatlab.harness import KeyPair, ServerProcess, free_port, pin_this_thread
 from chatlab.settings import parse_core_list
@@ -244,15 +246,24 @@ def held_commits(tail: dict[str, Any], second_end: float) -> dict[str, list[floa
     return {"holds_ms": held} if held else {}
 
 
+@dataclass(frozen=True)
+class Target:
+    """What the driver loads: ``chat`` or ``relay``, its URL, the chat server's tokens."""
+
+    kind: str
+    url: str
+    token_file: Path | None = None
+
+
 def start_server(
     args: argparse.Namespace, env: dict[str, str], workdir: Path
-) -> tuple[ServerProcess | RelayProcess, list[str], int | None]:
+) -> tuple[ServerProcess | RelayProcess, Target, int | None]:
     """A fresh chat server pinned to ``--server-core`` with ``env`` (or, for :data:`RELAY`,
-    the bare websockets relay: uvloop, deflate off); it, the driver's arguments that
-    name it, and its metrics port (None: the relay has none)."""
+    the bare websockets relay: uvloop, deflate off); it, what the driver loads, and its
+    metrics port (None: the relay has none)."""
     if env == RELAY:
         relay = RelayProcess(workdir, parse_core_list(args.server_core) or []).start()
-        return relay, ["--target", "relay", "--url", relay.url], None
+        return relay, Target("relay", relay.url), None
     root = env.get(SERVER_ROOT)
     env = {k: v for k, v in env.items() if k != SERVER_ROOT}
     keys = KeyPair(workdir)
@@ -274,8 +285,7 @@ def start_server(
     if root is not None:  # its code from another checkout (an older commit, to compare)
         server.env["PYTHONPATH"] = str(Path(root).resolve())
     server.start(timeout_s=30)
-    target = ["--target", "chat", "--url", server.url, "--token-file", str(tokens)]
-    return server, target, metrics_port
+    return server, Target("chat", server.url, tokens), metrics_port
 
 
 def env_rate(args: argparse.Namespace, env: dict[str, str]) -> float:
@@ -284,13 +294,14 @@ def env_rate(args: argparse.Namespace, env: dict[str, str]) -> float:
 
 
 def knee(steps: list[dict[str, Any]], slo: dict[str, float]) -> tuple[float | None, bool]:
-    """The highest offered rate (sends/s) a climb held ``slo`` at, leaving out the steps
-    it ran again (``superseded``; None when no step held), and whether a step above it
-    broke (False: the knee lies higher, as when the climb held at its top rate)."""
-    climbed = [s for s in map(Step.from_dict, steps) if not s.superseded]
-    rate = max((s.offered_per_s for s in climbed if s.holds(slo)), default=None)
-    broke_above = any(not s.holds(slo) and s.offered_per_s > (rate or 0) for s in climbed)
-    return rate, broke_above
+    """The climb's knee by the lab's one definition (:func:`bench.lab.results.edge`: the
+    step that held ``slo`` with the most delivered/s, superseded steps left out), as the
+    offered rate (sends/s) of that step (None when no step held), and whether it is a
+    real edge (False: nothing above it broke, or the driver explains the break, so the
+    knee lies higher)."""
+    run = Run(config="climb", repeat=0, target="", env={}, steps=[Step.from_dict(s) for s in steps])
+    found = edge(run, slo)
+    return found["capacity_offered_per_s"], not found["lower_bound"]
 
 
 def measure_capacity(
@@ -301,14 +312,21 @@ def measure_capacity(
     whether a step above it broke (see :func:`knee`)."""
     server, target, _ = start_server(args, env, workdir)
     out = workdir / "climb.json"
-    command = [
-        *(sys.executable, "-m", "bench.lab.driver", *target),
-        *("--connections", str(args.connections)),
-        *("--climb", "p99=100", "--rates", f"{args.capacity_start_rate:g}", "--factor", "1.25"),
-        *("--max-rate", f"{args.capacity_max_rate:g}", "--step-s", f"{args.capacity_step_s:g}"),
-        *("--warmup-s", "2", "--drain-s", "2", "--cpu-affinity", args.driver_core),
-        *("--json-out", str(out)),
-    ]
+    command = DriverArgs(
+        target=target.kind,
+        url=target.url,
+        token_file=target.token_file,
+        connections=args.connections,
+        rates=(args.capacity_start_rate,),
+        step_s=args.capacity_step_s,
+        warmup_s=2,
+        drain_s=2,
+        cpu_affinity=args.driver_core,
+        json_out=out,
+        climb="p99=100",
+        factor=1.25,
+        max_rate=args.capacity_max_rate,
+    ).command()
     try:
         with (workdir / "climb.log").open("w") as log:
             status = subprocess.run(
@@ -361,28 +379,19 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     t0 = time.monotonic()
     try:
         scraper.start()
-        command = [
-            sys.executable,
-            "-m",
-            "bench.lab.driver",
-            *target,
-            "--connections",
-            str(args.connections),
-            "--rates",
-            f"{env_rate(args, env):g}",
-            "--step-s",
-            f"{args.duration_s:g}",
-            "--warmup-s",
-            "2",
-            "--drain-s",
-            "1",
-            "--cpu-affinity",
-            args.driver_core,
-            "--json-out",
-            str(out),
-            "--t0-monotonic",
-            repr(t0),
-        ]
+        command = DriverArgs(
+            target=target.kind,
+            url=target.url,
+            token_file=target.token_file,
+            connections=args.connections,
+            rates=(env_rate(args, env),),
+            step_s=args.duration_s,
+            warmup_s=2,
+            drain_s=1,
+            cpu_affinity=args.driver_core,
+            json_out=out,
+            t0_monotonic=t0,
+        ).command()
         with (workdir / "driver.log").open("w") as log:
             status = subprocess.run(
                 command,

@@ -24,6 +24,7 @@ import json
 import logging
 import statistics
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         lab.start_auth(max(20, max(counts) // args.room_size))
         for repeat in range(args.repeat):  # interleaved: every configuration, then again
             for config, load in configs:
+                started = time.monotonic()
                 run = climb(
                     lab,
                     config,
@@ -203,7 +205,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                 )
                 results.runs.append(run)
                 results.save(out_dir / "results.json")
-                progress.done_run(run, repeat)
+                progress.done_run(run, time.monotonic() - started)
                 if lab.interrupted:
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
@@ -478,13 +480,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--env {bad[0]!r}: expected NAME=VALUE")
         if args.factor <= 1 or args.start_rate <= 0 or args.max_rate < args.start_rate:
             parser.error("--factor must be > 1 and 0 < --start-rate <= --max-rate")
-        if args.command == "capacity":
-            if not 0 < args.resolution < args.factor - 1:
-                parser.error("--resolution must be > 0 and below --factor - 1")
-            if args.repeat < 1:
-                parser.error("--repeat must be 1 or more")
-            if any(n % args.room_size for n in args.connections):
-                parser.error("--connections must be multiples of --room-size")
+        if not 0 < args.resolution < args.factor - 1:
+            parser.error("--resolution must be > 0 and below --factor - 1")
+        if args.repeat < 1:
+            parser.error("--repeat must be 1 or more")
+        if any(n % args.room_size for n in args.connections):
+            parser.error("--connections must be multiples of --room-size")
         try:
             from bench.lab.capacity import parse_slo
 
@@ -497,7 +498,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except MatrixError as exc:
             parser.error(str(exc))
         if args.repeat < 0:
-            parser.error("--repeat must be 1 or more")
+            parser.error("--repeat must be 1 or more (0: the matrix's own)")
     return args
 
 

@@ -272,10 +272,6 @@ class Results:
         tmp.write_text(json.dumps(asdict(self), indent=1))
         tmp.replace(path)
 
-    def runs_of(self, config: str) -> list[Run]:
-        """The runs of one configuration, in repeat order."""
-        return [r for r in self.runs if r.config == config]
-
 
 def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
     """What a climb found: the highest delivered rate that held, the step that broke, and
@@ -301,6 +297,7 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
         "config": run.config,
         "capacity_delivered_per_s": round(best.delivered_per_s) if best else 0,
         "capacity_sent_per_s": round(best.sent_per_s) if best else 0,
+        "capacity_offered_per_s": best.offered_per_s if best else None,
         "p99_ms_at_capacity": best.latency_ms["p99"] if best else None,
         "first_break_offered_per_s": first_break.offered_per_s if first_break else None,
         "first_break_p99_ms": first_break.latency_ms["p99"] if first_break else None,

@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from bench.lab.driver.config import DriverArgs
 from bench.lab.matrix import Config, Load, Matrix
 from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint, edge, parse_slo
 from bench.lab.sampler import Sampler
@@ -497,55 +498,36 @@ class Lab:
     ) -> list[Step]:
         """Run the fast driver's steps against ``url``; its Steps."""
         out = workdir / "fast.json"
-        command = [
-            sys.executable,
-            "-m",
-            "bench.lab.driver",
-            "--target",
-            config.target,
-            "--url",
-            url,
-            "--connections",
-            str(load.connections),
-            "--room-size",
-            str(load.room_size),
-            "--rates",
-            ",".join(f"{r:g}" for r in load.rates),
-            "--step-s",
-            f"{load.step_s:g}",
-            "--warmup-s",
-            f"{load.warmup_s:g}",
-            "--drain-s",
-            f"{load.drain_s:g}",
-            "--cpu-affinity",
-            ",".join(map(str, self.generator_cores)) or "off",
-            "--json-out",
-            str(out),
-            "--t0-monotonic",
-            repr(sampler.t0),
-        ]
-        if config.target == "chat":
+        chat = config.target == "chat"
+        if chat:
             assert self.token_file is not None
-            command += [
-                "--serializer",
-                config.env.get("SERIALIZER", "orjson"),
-                "--token-file",
-                str(self.token_file),
-            ]
-        if config.env.get("WS_DEFLATE") == "on":
-            command += ["--deflate", "on"]  # as browsers do: deflate is measured with deflate
-        if load.cost_rates:
-            command += ["--cost-rates", ",".join(f"{r:g}" for r in load.cost_rates)]
-            command += ["--cost-step-s", f"{load.cost_step_s:g}"]
-        # every step's window reads the server's CPU and what else ran (bench.lab.machine)
-        command += ["--lab-pid", str(os.getpid())]
-        if server_pid is not None:
-            command += ["--server-pid", str(server_pid)]
-        if load.climb:
-            command += ["--climb", load.climb, "--factor", f"{load.factor:g}"]
-            command += ["--resolution", f"{load.resolution:g}"]
-            if load.max_rate > 0:
-                command += ["--max-rate", f"{load.max_rate:g}"]
+        driver = DriverArgs(
+            target=config.target,
+            url=url,
+            connections=load.connections,
+            room_size=load.room_size,
+            rates=load.rates,
+            step_s=load.step_s,
+            warmup_s=load.warmup_s,
+            drain_s=load.drain_s,
+            cpu_affinity=",".join(map(str, self.generator_cores)) or "off",
+            serializer=config.env.get("SERIALIZER", "orjson"),
+            token_file=self.token_file if chat else None,
+            json_out=out,
+            t0_monotonic=sampler.t0,
+            # as browsers do: deflate is measured with deflate
+            deflate=config.env.get("WS_DEFLATE") == "on",
+            climb=load.climb,
+            factor=load.factor if load.climb else None,
+            resolution=load.resolution if load.climb else None,
+            max_rate=load.max_rate if load.climb and load.max_rate > 0 else None,
+            cost_rates=load.cost_rates,
+            cost_step_s=load.cost_step_s if load.cost_rates else None,
+            # every step's window reads the server's CPU and what else ran
+            server_pid=server_pid,
+            lab_pid=os.getpid(),
+        )
+        command = driver.command()
         proc = self._spawn(command, workdir, "fast-driver.log")
         sampler.watch("generator", proc.pid)
         status = self._wait(proc, load.fast_duration_s() + 120)

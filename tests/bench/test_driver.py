@@ -34,6 +34,7 @@ from bench.lab.driver import (
     send_frame,
     worth_a_rerun,
 )
+from bench.lab.driver.config import DriverArgs, parse_args
 from bench.lab.results import PERCENTILES, Step, TimePoint, stalled_points
 from chat_server.codecs import get_codec
 from chat_server.messages import Send
@@ -514,3 +515,49 @@ def test_a_stalled_step_is_run_again_when_it_held_or_broke_only_in_its_stall() -
     # something lost: not held, and the calm seconds decide
     lost = step([3.0, 900.0, 120.0, 3.0], p99_ms=800, delivered=990)
     assert not worth_a_rerun(lost, slo)
+
+
+def test_the_one_builder_of_the_drivers_command_line_reads_back_to_the_same_values(
+    tmp_path: Path,
+) -> None:
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text('{"u": "t"}')
+    built = DriverArgs(
+        target="chat",
+        url="ws://127.0.0.1:9/ws",
+        connections=20,
+        room_size=5,
+        rates=(100.0, 250.5),
+        step_s=1.5,
+        warmup_s=0.5,
+        drain_s=0.25,
+        cpu_affinity="1",
+        serializer="protobuf",
+        token_file=tokens,
+        json_out=tmp_path / "out.json",
+        t0_monotonic=12.345678,
+        deflate=True,
+        climb="p99=100",
+        factor=1.6,
+        resolution=0.1,
+        max_rate=4000.0,
+        cost_rates=(50.0, 75.0),
+        cost_step_s=3.0,
+        server_pid=os.getpid(),
+        lab_pid=os.getppid(),
+        retry=True,
+    )
+    config = parse_args(built.argv())
+    assert (config.target, config.url, config.serializer) == ("chat", built.url, "protobuf")
+    assert (config.connections, config.room_size, config.rates) == (20, 5, (100.0, 250.5))
+    assert (config.step_s, config.warmup_s, config.drain_s) == (1.5, 0.5, 0.25)
+    assert config.cores == (1,) and config.tokens == ("t",) and config.json_out == built.json_out
+    assert config.t0_monotonic == 12.345678 and config.deflate and config.retry
+    assert config.climb_slo == {"p99": 100.0}
+    assert (config.factor, config.resolution, config.max_rate) == (1.6, 0.1, 4000.0)
+    assert (config.cost_rates, config.cost_step_s) == ((50.0, 75.0), 3.0)
+    assert (config.server_pid, config.lab_pid) == (os.getpid(), os.getppid())
+    assert built.command()[1:3] == ["-m", "bench.lab.driver"]
+    # what is left unset keeps the driver's defaults
+    plain = parse_args(DriverArgs("relay", "ws://h:1/ws", 10, (5.0,), 1, 0, 0).argv())
+    assert plain.climb_slo is None and plain.cost_rates == () and plain.server_pid is None

@@ -154,6 +154,10 @@ def test_the_knee_is_the_highest_rate_held_and_says_whether_a_step_above_broke()
     assert knee(climb, slo) == (1250, True)
     assert knee(climb[:2], slo) == (1250, False)  # held at its top: the knee lies higher
     assert knee([_step(1000, 150)], slo) == (None, True)
+    # one definition with the lab's (bench.lab.results.edge): a break the driver explains
+    # (it was saturated) is no edge, so the knee is only a lower bound
+    saturated = {**_step(1562, 400), "generator_saturated": True, "generator_limited": True}
+    assert knee([*climb[:2], saturated], slo) == (1250, False)
 
 
 def run_tail(*args: str) -> subprocess.CompletedProcess[str]:

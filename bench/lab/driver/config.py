@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -293,3 +294,72 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         server_pid=args.server_pid,
         lab_pid=args.lab_pid,
     )
+
+
+@dataclass(frozen=True)
+class DriverArgs:
+    """One driver run as its caller describes it; :meth:`argv` is its command line, the
+    one builder the lab and ``bench.tail`` share (:func:`parse_args` reads it back to
+    the same values: a test holds them together). Unset options keep the driver's
+    defaults."""
+
+    target: str
+    url: str
+    connections: int
+    rates: tuple[float, ...]
+    step_s: float
+    warmup_s: float
+    drain_s: float
+    cpu_affinity: str = "off"
+    room_size: int = 10
+    serializer: str = "orjson"
+    token_file: Path | None = None
+    json_out: Path | None = None
+    t0_monotonic: float | None = None
+    deflate: bool = False
+    climb: str = ""  # an SLO such as "p99=100": climb instead of the rates
+    factor: float | None = None
+    resolution: float | None = None
+    max_rate: float | None = None
+    cost_rates: tuple[float, ...] = ()
+    cost_step_s: float | None = None
+    server_pid: int | None = None
+    lab_pid: int | None = None
+    retry: bool = False
+
+    def argv(self) -> list[str]:
+        """The driver's arguments (after ``python -m bench.lab.driver``)."""
+        args = [
+            *("--target", self.target, "--url", self.url),
+            *("--connections", str(self.connections), "--room-size", str(self.room_size)),
+            *("--rates", ",".join(f"{r:g}" for r in self.rates)),
+            *("--step-s", f"{self.step_s:g}", "--warmup-s", f"{self.warmup_s:g}"),
+            *("--drain-s", f"{self.drain_s:g}", "--cpu-affinity", self.cpu_affinity),
+        ]
+        if self.target == "chat":
+            args += ["--serializer", self.serializer]
+        optional = {
+            "--token-file": self.token_file,
+            "--json-out": self.json_out,
+            "--t0-monotonic": None if self.t0_monotonic is None else repr(self.t0_monotonic),
+            "--climb": self.climb or None,
+            "--factor": self.factor,
+            "--resolution": self.resolution,
+            "--max-rate": self.max_rate,
+            "--cost-rates": ",".join(f"{r:g}" for r in self.cost_rates) or None,
+            "--cost-step-s": self.cost_step_s,
+            "--server-pid": self.server_pid,
+            "--lab-pid": self.lab_pid,
+        }
+        for flag, value in optional.items():
+            if value is not None:
+                args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        if self.deflate:
+            args += ["--deflate", "on"]
+        if self.retry:
+            args.append("--retry")
+        return args
+
+    def command(self) -> list[str]:
+        """The whole command line, with this Python."""
+        return [sys.executable, "-m", "bench.lab.driver", *self.argv()]

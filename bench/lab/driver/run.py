@@ -253,10 +253,6 @@ class Driver:
         if self.current is not None:
             self.current.errors[key] += 1
 
-    def error_code(self, payload: bytes) -> str:
-        """The ``code`` of an error frame."""
-        return self.error_of(payload)[0]
-
     def error_of(self, payload: bytes) -> tuple[str, str | None]:
         """The ``code`` and ``ref`` of an error frame."""
         try:
