@@ -324,7 +324,7 @@ def test_a_server_root_runs_the_chat_servers_code_from_that_checkout(tmp_path: P
         server, target, metrics_port = start_server(args, env, workdir)
         try:
             assert server.settings.get(SERVER_ROOT.upper()) is None  # not a server setting
-            assert target[:2] == ["--target", "chat"] and metrics_port
+            assert target.kind == "chat" and target.token_file is not None and metrics_port
             assert (workdir / "from-copy").exists() is marked
         finally:
             server.stop()
