@@ -29,6 +29,7 @@ from auth_service.tokens import (
 from auth_service.users import UserStore
 from chatlab.log_redaction import redact_tokens_in_logs
 from chatlab.loops import loop_factory
+from chatlab.settings import add_env_file_option
 
 log = logging.getLogger("auth_service")
 
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="serve (default), or rotate-key: make a new signing key, keep serving the old "
         "public key in the JWK set until its tokens have expired",
     )
-    parser.add_argument("--env-file", default=".env", help="settings file (default: .env)")
+    add_env_file_option(parser)
     return parser.parse_args(argv)
 
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        settings = Settings.load(dotenv_path=args.env_file)
+        settings = Settings.load(env_file=args.env_file)
     except SettingError as exc:
         print(f"auth_service: {exc}", file=sys.stderr)
         return 2

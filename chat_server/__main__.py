@@ -22,6 +22,7 @@ from chat_server.limits import ConnectionLimit, usable_connections
 from chat_server.settings import SettingError, Settings, redact_url, settings_help
 from chat_server.supervisor import WorkerSeat
 from chatlab.log_redaction import redact_tokens_in_logs
+from chatlab.settings import add_env_file_option
 
 if TYPE_CHECKING:
     from chat_server.auth import TokenVerifier
@@ -40,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--check", action="store_true", help="validate the settings and the key, then exit"
     )
-    parser.add_argument("--env-file", default=".env", help="settings file (default: .env)")
+    add_env_file_option(parser)
     return parser.parse_args(argv)
 
 
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        settings = Settings.load(dotenv_path=args.env_file)
+        settings = Settings.load(env_file=args.env_file)
     except SettingError as exc:
         print(f"chat_server: {exc}", file=sys.stderr)
         return 2
