@@ -157,13 +157,6 @@ async def serve(
         await service.close()
         return 1
     counters = service.counters
-    start_tail(
-        counters.gc,
-        counters.loop_lag,
-        lambda: counters.frames_in,
-        settings.gc_policy,
-        settings.gc_full_interval_s,
-    )
     stop = asyncio.Event()
     on_stop_signals(stop.set)
     watcher = None if seat is None else watch_parent(seat.supervisor_pid, stop.set)
@@ -183,6 +176,14 @@ async def serve(
             "never use it for real traffic",
             regression.name,
         )
+    # after the line naming the toggles, which the README promises comes first
+    start_tail(
+        counters.gc,
+        counters.loop_lag,
+        lambda: counters.frames_in,
+        settings.gc_policy,
+        settings.gc_full_interval_s,
+    )
     if seat is not None:
         seat.report_ready()
     await stop.wait()

@@ -140,6 +140,33 @@ def test_the_readme_lists_exactly_the_values_each_toggle_takes():
         assert re.findall(r"`([^`]+)`", listed[name]) == list(parsers[name].allowed), name
 
 
+def test_the_first_log_line_names_every_toggle_of_the_readme(start_server):
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| setting | values |") :].split("\n\n")[0]
+    toggles = [row.split("|")[1].strip().strip("`") for row in table.splitlines()[2:]]
+    # each toggle as the start-up line names it, with the value this server runs
+    named = {
+        "SERIALIZER": "serializer=json",
+        "EVENT_LOOP": "loop=asyncio",
+        "WS_DEFLATE": "deflate=on",
+        "CPU_AFFINITY": "affinity=off",
+        "CHAT_DB_SYNCHRONOUS": "synchronous=full",
+        "TRANSPORT": "transport=websockets",
+    }
+    assert sorted(toggles) == sorted(named)
+    server = start_server(
+        serializer="json",
+        event_loop="asyncio",
+        ws_deflate="on",
+        chat_db_synchronous="full",
+        transport="websockets",
+    )
+    first = server.log().splitlines()[0]
+    assert "chat_server listening on ws://127.0.0.1:" in first, server.log()
+    for toggle in toggles:
+        assert named[toggle] in first.split(), (toggle, first)
+
+
 def test_profile_cprofile_is_accepted_with_its_directory_settings():
     settings = Settings.from_mapping({"PROFILE": "cprofile"})
     assert (settings.profile, settings.profile_interval_s) == ("cprofile", 10)
