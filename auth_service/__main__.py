@@ -1,8 +1,10 @@
-"""``python -m auth_service``: build Settings, then serve until SIGTERM/SIGINT; or rotate-key.
+"""``python -m auth_service``: build Settings, then serve until SIGTERM/SIGINT; or rotate-key,
+or wait for a service started in the background.
 
-Exit status: 0 after a graceful stop or a rotation, 2 for a bad setting (one line
-naming the variable, the value and what is allowed: also a private key whose mode
-is looser than 0600), 1 for any other failure at start (such as a port in use).
+Exit status: 0 after a graceful stop, a rotation or a wait that saw the service
+answer, 2 for a bad setting (one line naming the variable, the value and what is
+allowed: also a private key whose mode is looser than 0600), 1 for any other failure
+at start (such as a port in use) or a wait that timed out.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import asyncio
 import logging
 import signal
 import sys
+import time
+import urllib.request
+from contextlib import suppress
 from types import FrameType
 
 import uvicorn
@@ -29,11 +34,14 @@ from auth_service.tokens import (
 from auth_service.users import UserStore
 from chatlab.log_redaction import redact_tokens_in_logs
 from chatlab.loops import loop_factory
+from chatlab.settings import add_env_file_option
 
 log = logging.getLogger("auth_service")
 
 #: seconds uvicorn waits for requests in progress after a stop signal
 GRACEFUL_SHUTDOWN_S = 10
+#: seconds ``wait`` waits for the service to answer (a start takes about one)
+WAIT_S = 30
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,12 +56,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "command",
         nargs="?",
-        choices=("serve", "rotate-key"),
+        choices=("serve", "rotate-key", "wait"),
         default="serve",
-        help="serve (default), or rotate-key: make a new signing key, keep serving the old "
-        "public key in the JWK set until its tokens have expired",
+        help="serve (default); rotate-key: make a new signing key, keep serving the old "
+        "public key in the JWK set until its tokens have expired; wait: until the service "
+        f"these settings describe answers GET /healthz (at most {WAIT_S} s; by then its "
+        "keys are written, so a chat server started next finds JWT_PUBLIC_KEY)",
     )
-    parser.add_argument("--env-file", default=".env", help="settings file (default: .env)")
+    add_env_file_option(parser)
     return parser.parse_args(argv)
 
 
@@ -141,11 +151,37 @@ def rotate(settings: Settings) -> int:
     return 0
 
 
+def wait(settings: Settings, timeout_s: float = WAIT_S) -> int:
+    """``wait``: 0 once the service at ``AUTH_HOST:AUTH_PORT`` answers ``/healthz``, else 1.
+
+    It answers only once its keys are written and its pool runs, so whatever is
+    started after a wait finds both.
+    """
+    # a service listening on every address is reached on loopback
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.host, settings.host)
+    if ":" in host:
+        host = f"[{host}]"
+    url = f"http://{host}:{settings.port}/healthz"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with suppress(OSError), urllib.request.urlopen(url, timeout=1):
+            print(f"auth service answering on {url}")
+            return 0
+        if time.monotonic() > deadline:
+            print(
+                f"auth_service wait: no answer from {url} in {timeout_s:g} s "
+                "(not started, or it stopped: its log says why)",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(0.1)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        settings = Settings.load(dotenv_path=args.env_file)
+        settings = Settings.load(env_file=args.env_file)
     except SettingError as exc:
         print(f"auth_service: {exc}", file=sys.stderr)
         return 2
@@ -157,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     redact_tokens_in_logs()  # uvicorn's access and error lines
     if args.command == "rotate-key":
         return rotate(settings)
+    if args.command == "wait":
+        return wait(settings)
     try:
         keyring = load_or_create_keys(KeyFiles.from_settings(settings), settings.token_ttl_s)
     except SettingError as exc:

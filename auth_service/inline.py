@@ -57,7 +57,7 @@ class InlineLogin:
         Raises SettingError (naming the auth setting) when they are not there, and
         OSError when the port cannot be bound.
         """
-        auth = AuthSettings.load(dotenv_path=self.env_file)
+        auth = AuthSettings.load(env_file=self.env_file)
         keyring = read_keys(KeyFiles.from_settings(auth))  # written by the auth service
         self._users = await UserStore.open(auth.auth_db)
         passwords = InlinePasswords(Argon2Params.from_settings(auth))

@@ -42,7 +42,7 @@ def usable_cores() -> int:
 
 
 def _pool_size(raw: str) -> int:
-    value = raw.strip().lower()
+    value = raw.strip()
     if value == "auto":
         return max(1, usable_cores() - 1)
     try:

@@ -22,6 +22,7 @@ from chat_server.limits import ConnectionLimit, usable_connections
 from chat_server.settings import SettingError, Settings, redact_url, settings_help
 from chat_server.supervisor import WorkerSeat
 from chatlab.log_redaction import redact_tokens_in_logs
+from chatlab.settings import add_env_file_option
 
 if TYPE_CHECKING:
     from chat_server.auth import TokenVerifier
@@ -40,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--check", action="store_true", help="validate the settings and the key, then exit"
     )
-    parser.add_argument("--env-file", default=".env", help="settings file (default: .env)")
+    add_env_file_option(parser)
     return parser.parse_args(argv)
 
 
@@ -156,13 +157,6 @@ async def serve(
         await service.close()
         return 1
     counters = service.counters
-    start_tail(
-        counters.gc,
-        counters.loop_lag,
-        lambda: counters.frames_in,
-        settings.gc_policy,
-        settings.gc_full_interval_s,
-    )
     stop = asyncio.Event()
     on_stop_signals(stop.set)
     watcher = None if seat is None else watch_parent(seat.supervisor_pid, stop.set)
@@ -182,6 +176,14 @@ async def serve(
             "never use it for real traffic",
             regression.name,
         )
+    # after the line naming the toggles, which the README promises comes first
+    start_tail(
+        counters.gc,
+        counters.loop_lag,
+        lambda: counters.frames_in,
+        settings.gc_policy,
+        settings.gc_full_interval_s,
+    )
     if seat is not None:
         seat.report_ready()
     await stop.wait()
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        settings = Settings.load(dotenv_path=args.env_file)
+        settings = Settings.load(env_file=args.env_file)
     except SettingError as exc:
         print(f"chat_server: {exc}", file=sys.stderr)
         return 2

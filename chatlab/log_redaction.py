@@ -15,13 +15,18 @@ import re
 
 REDACTED = "[redacted]"
 
+#: a challenge's parameter after its scheme (``realm="chatlab"``, ``error=invalid_token`` in
+#: ``WWW-Authenticate: Bearer realm="chatlab", ...``): not a credential, which (RFC 7235's
+#: token68) has ``=`` only at its end
+_AUTH_PARAM = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\s*=\s*[^=\s,]"
+
 #: a JWT or a piece of one (base64url parts, the first a JSON header: ``eyJ``), a ``token=`` query
 #: value, or the credentials of an ``Authorization: Bearer`` / ``Basic`` header
 _SECRET = re.compile(
     r"eyJ[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){0,2}"
     r"|(?<=[?&]token=)[^&\s'\"]+"
-    r"|(?<=[Bb]earer )[^\s'\",]+"
-    r"|(?<=[Bb]asic )[^\s'\",]+"
+    rf"|(?<=[Bb]earer )(?!{_AUTH_PARAM})[^\s'\",]+"
+    rf"|(?<=[Bb]asic )(?!{_AUTH_PARAM})[^\s'\",]+"
 )
 
 

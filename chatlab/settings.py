@@ -1,16 +1,23 @@
 """Settings machinery both services share: parsers, a table of :class:`Spec`, ``--help``.
 
 A service declares its settings as a tuple of :class:`Spec` and a frozen dataclass
-deriving :class:`SpecSettings`. :meth:`SpecSettings.load` merges ``.env`` (from the
-working directory) with the process environment (the environment wins), parses and
-validates every value, and returns one frozen object that is passed explicitly to
-whatever needs it. A bad value raises :class:`SettingError`, whose ``str()`` is the one
-line a service's entry point prints (naming the variable, the value and what is
-allowed) before it exits with status 2.
+deriving :class:`SpecSettings`. :meth:`SpecSettings.load` merges an env file (``.env``
+in the working directory, or the one ``--env-file`` names) with the process
+environment (the environment wins), parses and validates every value, and returns one
+frozen object that is passed explicitly to whatever needs it. A bad value raises
+:class:`SettingError`, whose ``str()`` is the one line a service's entry point prints
+(naming the variable, the value and what is allowed) before it exits with status 2.
+
+Mistakes are refused, not passed over: an enum setting takes exactly the values its
+help lists (``WS_DEFLATE=yes`` is not ``on``), a key in the env file that neither
+service reads but that resembles one they do (``SERIALISER``) is named with the
+setting it resembles, and an env file named explicitly must exist (a missing default
+``.env`` is fine: every setting has a default).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -20,6 +27,11 @@ from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
+
+from chatlab.setting_names import resembled
+
+#: the env file read when no ``--env-file`` is given (in the working directory; may be absent)
+DEFAULT_ENV_FILE = ".env"
 
 
 class SettingError(ValueError):
@@ -35,23 +47,40 @@ class SettingError(ValueError):
 # ---- parsers: str -> value, raising ValueError(allowed) -----------------------------
 
 
-def choice(*allowed: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in allowed:
-            raise ValueError(f"allowed: {', '.join(allowed)}")
+@dataclass(frozen=True)
+class Choice:
+    """A parser taking exactly one of ``allowed`` (case counts; spaces around are dropped).
+
+    ``--help`` lists the values (:func:`specs_help`), so what is listed is what is taken.
+    """
+
+    allowed: tuple[str, ...]
+
+    def __call__(self, raw: str) -> Any:
+        """The value, or ValueError naming what is allowed."""
+        value = raw.strip()
+        if value not in self.allowed:
+            raise ValueError(f"allowed: {', '.join(self.allowed)}")
         return value
 
-    return parse
+
+def choice(*allowed: str) -> Choice:
+    """A parser taking exactly one of ``allowed``."""
+    return Choice(allowed)
 
 
-def on_off(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("on", "true", "1", "yes"):
-        return True
-    if value in ("off", "false", "0", "no"):
-        return False
-    raise ValueError("allowed: on, off")
+@dataclass(frozen=True)
+class Switch(Choice):
+    """``on`` (True) or ``off`` (False), exactly: not yes, true or 1."""
+
+    allowed: tuple[str, ...] = ("off", "on")
+
+    def __call__(self, raw: str) -> bool:
+        """True for ``on``, False for ``off``; ValueError otherwise."""
+        return bool(super().__call__(raw) == "on")
+
+
+on_off = Switch()
 
 
 def integer(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -106,7 +135,7 @@ def parse_core_list(raw: str) -> tuple[int, ...] | None:
     The check uses ``os.sched_getaffinity``: the cores this process may run on,
     which in a container or under ``taskset`` is fewer than the machine's count.
     """
-    value = raw.strip().lower().replace(" ", "")
+    value = raw.strip().replace(" ", "")
     usable = sorted(os.sched_getaffinity(0))
     allowed = f"allowed: off, or a list of usable cores such as 0, 0,1 or 0-1 (usable: {usable})"
     if value == "off":
@@ -154,10 +183,13 @@ class SpecSettings:
 
     @classmethod
     def load(
-        cls, environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
+        cls, environ: Mapping[str, str] | None = None, env_file: str | Path | None = None
     ) -> Self:
-        """Read ``.env`` then the environment (which wins), validate every value, or raise."""
-        return cls.from_mapping(read_environment(environ, dotenv_path))
+        """Read the env file then the environment (which wins), validate every value, or raise.
+
+        ``env_file`` None reads ``.env`` if there is one; a file named must exist.
+        """
+        return cls.from_mapping(read_environment(environ, env_file))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, str]) -> Self:
@@ -171,14 +203,54 @@ class SpecSettings:
 
 
 def read_environment(
-    environ: Mapping[str, str] | None = None, dotenv_path: str | Path | None = ".env"
+    environ: Mapping[str, str] | None = None, env_file: str | Path | None = None
 ) -> dict[str, str]:
-    """``.env`` (when the file exists) overlaid with the environment, which wins."""
-    merged: dict[str, str] = {}
-    if dotenv_path is not None and Path(dotenv_path).is_file():
-        merged.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
+    """The env file's values overlaid with the environment, which wins.
+
+    ``env_file`` None reads ``.env`` in the working directory when it exists. SettingError
+    for a named file that does not exist or cannot be read, and for a key in the file
+    that neither service reads but that resembles a name one does (its likely typo).
+    """
+    merged = dict(read_env_file(env_file))
     merged.update(os.environ if environ is None else environ)
     return merged
+
+
+def read_env_file(env_file: str | Path | None = None) -> dict[str, str]:
+    """The settings an env file holds (``env_file`` None: ``.env``, or nothing when absent).
+
+    Raises SettingError as :func:`read_environment` says.
+    """
+    path = Path(DEFAULT_ENV_FILE if env_file is None else env_file)
+    if env_file is None and not path.exists():
+        return {}
+    try:
+        values = dotenv_values(path) if path.is_file() else None
+    except OSError as exc:
+        raise SettingError("--env-file", str(path), f"cannot read it ({exc.strerror})") from None
+    if values is None:
+        what = "not a file" if path.exists() else "no such file"
+        raise SettingError(
+            "--env-file", str(path), f"{what} (without --env-file a missing .env is fine)"
+        )
+    for name in values:
+        known = resembled(name)
+        if known is not None:
+            raise SettingError(
+                name,
+                values[name] or "",
+                f"not a setting of either service (in {path}); did you mean {known}?",
+            )
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def add_env_file_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--env-file`` option both services take (None when not given)."""
+    parser.add_argument(
+        "--env-file",
+        default=None,
+        help="settings file; it must exist (default: .env in the working directory, if any)",
+    )
 
 
 def parse_specs(specs: tuple[Spec, ...], values: Mapping[str, str]) -> dict[str, Any]:
@@ -197,8 +269,15 @@ def parse_specs(specs: tuple[Spec, ...], values: Mapping[str, str]) -> dict[str,
 def specs_help(specs: tuple[Spec, ...]) -> str:
     """A ``--help`` epilog: every setting with its default and what it does."""
     width = max(len(spec.env) for spec in specs)
-    lines = ["settings (environment variables; .env in the working directory; env wins):"]
+    lines = [
+        "settings (environment variables, or an env file: .env in the working directory or",
+        "--env-file; the environment wins; a key in the file that resembles a setting's",
+        "name, such as SERIALISER, is refused):",
+    ]
     for spec in specs:
         default = spec.default if spec.default else "(empty)"
-        lines.append(f"  {spec.env:<{width}}  {spec.help} [default: {default}]")
+        values = ""
+        if isinstance(spec.parse, Choice):
+            values = f" [one of: {', '.join(spec.parse.allowed)}]"
+        lines.append(f"  {spec.env:<{width}}  {spec.help}{values} [default: {default}]")
     return "\n".join(lines)

@@ -32,6 +32,8 @@ import logging
 import math
 import random
 import time
+import urllib.error
+import urllib.request
 from contextlib import suppress
 from typing import Any
 
@@ -41,6 +43,7 @@ from gevent.event import Event
 from gevent.pool import Pool
 from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
+from locust.exception import StopUser
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
 from loadtest.client import (
@@ -49,6 +52,7 @@ from loadtest.client import (
     HTTP,
     WS,
     AuthClient,
+    AuthError,
     LoadTestFailure,
     RelaySession,
     Session,
@@ -81,6 +85,9 @@ OVERLOAD = "generator_overload"
 GEN = "GEN"
 _PLAN_MESSAGE = "chatlab_plan"
 _PHASE_MESSAGE = "chatlab_phase"
+_ABORT_MESSAGE = "chatlab_abort"
+#: the exit status of a run stopped because it could not be run (the auth service unreachable)
+ABORT_EXIT_CODE = 2
 
 
 class GeneratorOverload(LoadTestFailure):
@@ -98,6 +105,8 @@ PROCESS = Process()
 _worker_snapshots: dict[str, dict[str, Any]] = {}
 _final: dict[str, Any] = {}
 _ran: list[bool] = []
+#: why this run was stopped before its table ended (empty: it was not)
+_aborted: list[str] = []
 
 
 def _fire(environment: Environment) -> Any:
@@ -117,7 +126,46 @@ def _auth_client(environment: Environment, options: Options) -> AuthClient:
             context={},
         )
 
-    return AuthClient(options.auth_url, on_request=on_request)
+    def on_retry(name: str, status: int) -> None:
+        PROCESS.ledger.auth_retried += 1
+
+    return AuthClient(options.auth_url, on_request=on_request, on_retry=on_retry)
+
+
+def _unreachable(auth_url: str) -> str | None:
+    """None when the auth service answers ``GET /healthz``; else why it does not."""
+    try:
+        with urllib.request.urlopen(f"{auth_url.rstrip('/')}/healthz", timeout=5):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except OSError as exc:
+        return type(getattr(exc, "reason", exc)).__name__
+
+
+def _abort_run(environment: Environment, reason: str) -> None:
+    """Stop the whole run at once, saying ``reason`` (once); its exit status is 2.
+
+    A worker asks the master, which stops every process.
+    """
+    if _aborted:
+        return
+    _aborted.append(reason)
+    log.error("%s", reason)
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        runner.send_message(_ABORT_MESSAGE, reason)
+        return
+    environment.process_exit_code = ABORT_EXIT_CODE
+    if runner is not None:
+        gevent.spawn(runner.quit)  # not from a user's greenlet, which quit would kill
+
+
+def _auth_unreachable_reason(options: Options, why: str) -> str:
+    return (
+        f"auth service unreachable at {options.auth_url} ({why}): start it first "
+        "(make loadtest-services), or point --auth-url at it; stopping the run"
+    )
 
 
 # ---- the user ------------------------------------------------------------------------
@@ -149,6 +197,8 @@ class ChatUser(User):
     def chat(self) -> None:
         """Connect, join, send at the profile's pace until stopped; reconnect after a failure."""
         while True:
+            if _aborted:
+                raise StopUser()
             session = self._open_session()
             if session is None:
                 gevent.sleep(RECONNECT_PAUSE_S)
@@ -188,8 +238,10 @@ class ChatUser(User):
                     self.token = _auth_client(self.environment, options).token(
                         name, password_for(name)
                     )
-                except LoadTestFailure:
-                    return None  # reported by the auth client
+                except AuthError as exc:  # reported by the auth client
+                    if exc.status is None:  # no answer at all: every other user would fail too
+                        _abort_run(self.environment, _auth_unreachable_reason(options, str(exc)))
+                    return None
         joined = Event()
         session.on_joined = joined.set
         try:
@@ -305,6 +357,8 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
     if not isinstance(runner, MasterRunner):
         runner.register_message(_PLAN_MESSAGE, _on_plan)
         runner.register_message(_PHASE_MESSAGE, _on_phase)
+    else:
+        runner.register_message(_ABORT_MESSAGE, _on_abort)
 
 
 def _on_plan(environment: Environment, msg: Any, **_kwargs: Any) -> None:
@@ -316,17 +370,27 @@ def _on_phase(environment: Environment, msg: Any, **_kwargs: Any) -> None:
     PROCESS.set_quiet(msg.data["quiet"])
 
 
+def _on_abort(environment: Environment, msg: Any, **_kwargs: Any) -> None:
+    _abort_run(environment, str(msg.data))
+
+
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     options = resolve_options(environment.parsed_options)
     runner = environment.runner
     _final.clear()
     _ran[:] = [True]
+    _aborted.clear()
+    if not isinstance(runner, WorkerRunner) and options.target == "chat" and not options.token_file:
+        why = _unreachable(options.auth_url)
+        if why is not None:  # before any user starts: one line, not a failed login per user
+            _abort_run(environment, _auth_unreachable_reason(options, why))
+            return
+    PROCESS.reset(options)  # on the master too: it counts its own prelogin's auth retries
     if isinstance(runner, MasterRunner):
         _worker_snapshots.clear()
         _make_plans(environment, runner, options)
         return
-    PROCESS.reset(options)
     PROCESS.runner = runner
     if not isinstance(runner, WorkerRunner):
         _make_plans(environment, runner, options)
@@ -477,6 +541,8 @@ def _totals(environment: Environment) -> dict[str, Any]:
         else [PROCESS.snapshot()]
     )
     totals: dict[str, Any] = {"processes": len(snapshots)}
+    if isinstance(environment.runner, MasterRunner):  # its prelogin's retries
+        snapshots.append({"auth_retried": PROCESS.ledger.auth_retried})
     for snapshot in snapshots:
         for key, value in snapshot.items():
             if key.startswith(("max_", "cpu_max")):
@@ -496,6 +562,9 @@ def _on_quitting(environment: Environment, **_kwargs: Any) -> None:
         return
     if not _ran:
         return  # no test was started (a web UI closed before any run)
+    if _aborted:
+        environment.process_exit_code = ABORT_EXIT_CODE
+        return  # nothing was measured to judge
     fanout = environment.stats.get(FANOUT, WS)
     verdicts = judge(options.slo, fanout.get_response_time_percentile, fanout.num_requests)
     totals = _totals(environment)
@@ -523,6 +592,7 @@ def _on_quitting(environment: Environment, **_kwargs: Any) -> None:
                 "acked_after_retry",
             )
         },
+        "auth": {"retried": totals.get("auth_retried", 0)},
         "generator": {
             "processes": totals.get("processes", 0),
             "cpu_max_percent": totals.get("cpu_max_percent", 0),
@@ -553,13 +623,16 @@ def _on_quitting(environment: Environment, **_kwargs: Any) -> None:
 
 @events.quit.add_listener
 def _on_quit(exit_code: int, **_kwargs: Any) -> None:
-    if _final:
+    if _aborted:
+        print(f"\nchatlab: run stopped: {_aborted[0]}", flush=True)
+    elif _final:
         print(_verdict_text(_final), flush=True)
 
 
 def _verdict_text(report: dict[str, Any]) -> str:
     """The short table printed at the end of a run."""
     d, g, f = report["deliveries"], report["generator"], report["fanout"]
+    retried_auth = report["auth"]["retried"]
     lines = [
         "",
         f"chatlab verdict ({report['stages']}, target {report['target']})",
@@ -569,6 +642,8 @@ def _verdict_text(report: dict[str, Any]) -> str:
         f"missing {d['missing']}, unacked {d['unacked']}, duplicates {d['duplicates']}, "
         f"server errors {d['server_errors']}, unexpected closes {d['unexpected_closes']}, "
         f"retried {d['retried']} (acked after a retry {d['acked_after_retry']})",
+        f"  auth: calls answered 429/503 and retried after Retry-After: {retried_auth}"
+        " (not failures; one given up on is)",
         f"  generator: {g['processes']} process(es), CPU max {g['cpu_max_percent']:.0f}% "
         f"(above 90% for {g['cpu_over_90_s']} s), sends late by over "
         f"{g['late_threshold_ms']:.0f} ms: {g['late_sends']} (max {g['max_lateness_ms']:.0f} ms)",

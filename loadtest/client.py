@@ -17,6 +17,7 @@ in ms or None, ``response_length``, ``exception``, ``context``).
 from __future__ import annotations
 
 import json
+import random
 import socket
 import time
 import urllib.error
@@ -46,6 +47,9 @@ WS = "WS"
 HTTP = "HTTP"
 #: the statistics entries: names exactly as users see them in Locust
 FANOUT, ACK, CONNECT, LOGIN, REGISTER = "fanout", "ack", "connect", "login", "register"
+
+#: auth answers that say "later": retried after their Retry-After, counted apart
+RETRIED_STATUSES = (429, 503)
 
 _CONTEXT: dict[str, Any] = {}
 _RECV_BYTES = 65536
@@ -121,9 +125,13 @@ class BadFrame(LoadTestFailure):
 class AuthClient:
     """The auth service's ``/register`` and ``/login`` (JSON over HTTP), with bounded retries.
 
-    A 429 or 503 is retried after its ``Retry-After`` (at most ``max_wait_s``), up to
-    ``max_attempts`` times. ``on_request(name, elapsed_ms, error)`` sees every attempt;
-    ``error`` is None for a success (and for the expected 409 of a taken name).
+    A 429 or 503 is retried after its ``Retry-After`` and up to half as long again (so
+    that callers refused together do not all come back together; at most ``max_wait_s``),
+    up to ``max_attempts`` times. ``on_request(name, elapsed_ms, error)`` sees every attempt
+    that ends the call: a success (``error`` None, also for the expected 409 of a taken
+    name) or the refusal that is given up on. An attempt answered 429 or 503 and tried
+    again is no failure of the call: ``on_retry(name, status)`` counts it apart, so a
+    call that then succeeds leaves no failure behind.
     """
 
     def __init__(
@@ -134,12 +142,14 @@ class AuthClient:
         max_attempts: int = 5,
         max_wait_s: float = 10.0,
         on_request: Callable[[str, float, Exception | None], None] | None = None,
+        on_retry: Callable[[str, int], None] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.max_wait_s = max_wait_s
         self.on_request = on_request
+        self.on_retry = on_retry
 
     def register(self, name: str, password: str) -> bool:
         """Register ``name``: True if created, False if it was taken; AuthError otherwise."""
@@ -210,10 +220,13 @@ class AuthClient:
             )
             if status in quiet_statuses:
                 raise error
-            self._report(name, start, error)
-            if status in (429, 503) and attempt < self.max_attempts:
-                time.sleep(min(_seconds(retry_after), self.max_wait_s))
+            if status in RETRIED_STATUSES and attempt < self.max_attempts:
+                if self.on_retry is not None:
+                    self.on_retry(name, status)
+                jittered_s = _seconds(retry_after) * random.uniform(1.0, 1.5)
+                time.sleep(min(jittered_s, self.max_wait_s))
                 continue
+            self._report(name, start, error)
             raise error
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -395,6 +408,8 @@ class Ledger:
     retried: int = 0
     #: of those, acked (each send is stored once however often it is retried)
     acked_after_retry: int = 0
+    #: auth calls answered 429 or 503 and tried again after Retry-After (not failures)
+    auth_retried: int = 0
     late_sends: int = 0
     max_lateness_s: float = 0.0
     room_top_seq: dict[str, int] = field(default_factory=dict)
@@ -419,6 +434,7 @@ class Ledger:
             "connects": self.connects,
             "retried": self.retried,
             "acked_after_retry": self.acked_after_retry,
+            "auth_retried": self.auth_retried,
             "late_sends": self.late_sends,
             "max_lateness_ms": round(self.max_lateness_s * 1000, 1),
         }

@@ -11,18 +11,7 @@ auth=$!
 chat=""
 trap 'kill $auth $chat 2>/dev/null || true; wait' EXIT INT TERM
 # the chat server reads the public key the auth service writes at its first start
-$PY - <<'PYEOF'
-import sys, time, urllib.request
-deadline = time.monotonic() + 30
-while True:
-    try:
-        urllib.request.urlopen("http://127.0.0.1:8001/healthz", timeout=1)
-        break
-    except OSError:
-        if time.monotonic() > deadline:
-            sys.exit("loadtest-services: the auth service did not answer /healthz")
-        time.sleep(0.1)
-PYEOF
+$PY -m auth_service wait >/dev/null
 $PY -m chat_server &
 chat=$!
 echo "loadtest-services: auth service on :8001 (login/register limits per address off), chat server on :8000; Ctrl-C stops both" >&2

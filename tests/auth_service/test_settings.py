@@ -64,6 +64,18 @@ def test_a_bad_setting_exits_2_naming_it(tmp_path, name: str):
     assert "allowed" in lines[0]
 
 
+def test_a_misspelt_key_or_a_missing_env_file_exits_2(tmp_path):
+    typo = tmp_path / "typo.env"
+    typo.write_text("HASH_POOL_SIZ=2\n")
+    missing = tmp_path / "missing.env"
+    for env_file, expected in ((typo, "did you mean HASH_POOL_SIZE?"), (missing, "no such file")):
+        result = AuthProcess(tmp_path).run("--env-file", str(env_file), timeout_s=20)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert expected in lines[0], lines[0]
+
+
 def test_an_unusable_database_path_exits_2_naming_it(tmp_path):
     (tmp_path / "file").write_text("not a directory")
     result = AuthProcess(tmp_path, AUTH_DB=str(tmp_path / "file" / "auth.sqlite3")).run()

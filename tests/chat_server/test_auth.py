@@ -72,6 +72,24 @@ def test_redaction_leaves_no_usable_token(keys: KeyPair):
     assert redact("GET /healthz HTTP/1.1") == "GET /healthz HTTP/1.1"
 
 
+def test_redaction_keeps_a_challenges_parameters_and_takes_credentials():
+    challenges = [
+        'WWW-Authenticate: Bearer realm="chatlab"',
+        'WWW-Authenticate: Bearer realm="chatlab", error="invalid_token"',
+        "WWW-Authenticate: Bearer error=invalid_token",
+        'WWW-Authenticate: Basic realm="chatlab"',
+    ]
+    for line in challenges:
+        assert redact(line) == line
+    credentials = {  # RFC 7235's token68: "=" only at the end
+        "Authorization: Bearer abc.def-ghi==": "Authorization: Bearer [redacted]",
+        "Authorization: Bearer opaque-token_1~/+": "Authorization: Bearer [redacted]",
+        "Authorization: Basic dXNlcjpwYXNz": "Authorization: Basic [redacted]",
+    }
+    for line, redacted in credentials.items():
+        assert redact(line) == redacted
+
+
 def test_redaction_filter_covers_args_and_exceptions(keys: KeyPair):
     token = keys.mint("alice")
     stream = io.StringIO()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chat_server.settings import SPECS, SettingError, Settings
+from chatlab.settings import Choice
 from tests.support import ROOT, KeyPair
 
 
@@ -30,7 +32,7 @@ def test_defaults_match_the_contract():
 def test_environment_wins_over_dotenv(tmp_path: Path):
     dotenv = tmp_path / ".env"
     dotenv.write_text("SERIALIZER=json\nEVENT_LOOP=asyncio\n")
-    settings = Settings.load(environ={"SERIALIZER": "protobuf"}, dotenv_path=dotenv)
+    settings = Settings.load(environ={"SERIALIZER": "protobuf"}, env_file=dotenv)
     assert (settings.serializer, settings.event_loop) == ("protobuf", "asyncio")
 
 
@@ -54,7 +56,7 @@ def test_env_example_lists_every_setting_with_its_default():
 BAD_VALUES = {
     "SERIALIZER": "xml",
     "EVENT_LOOP": "trio",
-    "WS_DEFLATE": "maybe",
+    "WS_DEFLATE": "yes",  # the docs list off and on
     "CPU_AFFINITY": "999",
     "WORKERS": "2",  # needs BROKER=redis
     "BROKER": "kafka",
@@ -94,6 +96,75 @@ def test_bad_value_exits_2_naming_the_variable(name: str, tmp_path: Path, keys: 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert name in lines[0] and BAD_VALUES[name] in lines[0]
+
+
+def test_a_misspelt_key_in_an_env_file_exits_2_naming_the_setting_it_resembles(
+    tmp_path: Path, keys: KeyPair
+):
+    env = {"JWT_PUBLIC_KEY": str(keys.public_path)}
+    named = tmp_path / "typo.env"
+    named.write_text("EVENT_LOOP=asyncio\nSERIALISER=json\n")
+    (tmp_path / ".env").write_text("serializer=json\n")  # the default file is read as strictly
+    for args in (("--env-file", str(named)), ()):
+        result = _run(env, tmp_path, "--check", *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].endswith("did you mean SERIALIZER?"), lines[0]
+        assert ("SERIALISER" if args else "serializer") in lines[0]
+
+
+def test_check_of_an_env_file_that_does_not_exist_exits_2(tmp_path: Path, keys: KeyPair):
+    env = {"JWT_PUBLIC_KEY": str(keys.public_path)}
+    result = _run(env, tmp_path, "--check", "--env-file", "missing.env")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "--env-file='missing.env'" in lines[0] and "no such file" in lines[0]
+    without = _run(env, tmp_path, "--check")  # no .env in tmp_path: every default holds
+    assert without.returncode == 0, without.stderr
+    assert without.stdout.startswith("settings ok")
+
+
+def test_the_readme_lists_exactly_the_values_each_toggle_takes():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| setting | values |") :].split("\n\n")[0]
+    listed = {}
+    for row in table.splitlines()[2:]:
+        name, values = row.split("|")[1:3]
+        listed[name.strip().strip("`")] = values
+    parsers = {spec.env: spec.parse for spec in SPECS}
+    enums = [name for name in listed if isinstance(parsers[name], Choice)]
+    assert {"SERIALIZER", "EVENT_LOOP", "WS_DEFLATE", "TRANSPORT"} <= set(enums)
+    for name in enums:
+        assert re.findall(r"`([^`]+)`", listed[name]) == list(parsers[name].allowed), name
+
+
+def test_the_first_log_line_names_every_toggle_of_the_readme(start_server):
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| setting | values |") :].split("\n\n")[0]
+    toggles = [row.split("|")[1].strip().strip("`") for row in table.splitlines()[2:]]
+    # each toggle as the start-up line names it, with the value this server runs
+    named = {
+        "SERIALIZER": "serializer=json",
+        "EVENT_LOOP": "loop=asyncio",
+        "WS_DEFLATE": "deflate=on",
+        "CPU_AFFINITY": "affinity=off",
+        "CHAT_DB_SYNCHRONOUS": "synchronous=full",
+        "TRANSPORT": "transport=websockets",
+    }
+    assert sorted(toggles) == sorted(named)
+    server = start_server(
+        serializer="json",
+        event_loop="asyncio",
+        ws_deflate="on",
+        chat_db_synchronous="full",
+        transport="websockets",
+    )
+    first = server.log().splitlines()[0]
+    assert "chat_server listening on ws://127.0.0.1:" in first, server.log()
+    for toggle in toggles:
+        assert named[toggle] in first.split(), (toggle, first)
 
 
 def test_profile_cprofile_is_accepted_with_its_directory_settings():

@@ -45,6 +45,21 @@ return [...document.querySelectorAll('ol.messages')]
 """
 
 
+#: every element around a room's messages that scrolls them (overflowing, with a scrollbar
+#: style), innermost first, and ``page`` if the page itself scrolls
+_SCROLLERS_JS = """
+const scrollers = [];
+for (let node = arguments[0]; node; node = node.parentElement) {
+  const overflow = getComputedStyle(node).overflowY;
+  if ((overflow === 'auto' || overflow === 'scroll') && node.scrollHeight > node.clientHeight)
+    scrollers.push(node.id ? '#' + node.id : '.' + node.className);
+}
+const page = document.scrollingElement;
+if (page.scrollHeight > page.clientHeight) scrollers.push('page');
+return scrollers;
+"""
+
+
 class Browser:
     """One headless chromium session on the chat page, with what a person would do."""
 
@@ -272,3 +287,18 @@ def test_html_in_names_bodies_rooms_and_errors_stays_text(
         assert f"joining {XSS}" in mallory.field("events").text
         assert mallory.js("return document.querySelectorAll('img').length") == 0
         assert mallory.js("return window.__xss === undefined") is True
+
+
+def test_a_long_conversation_scrolls_in_one_pane(chat_and_auth: ServerProcess, tmp_path: Path):
+    page = f"http://127.0.0.1:{chat_and_auth.port}/"
+    with browsers(tmp_path, "talker") as (talker,):
+        talker.open(page)
+        talker.sign_in("talker", register=True)
+        talker.join("lobby")
+        for n in range(30):  # more than the pane holds
+            talker.say(f"line {n}")
+        talker.wait(lambda: len(talker.messages("lobby")) == 30, "thirty messages")
+        room_list = talker.js("return document.querySelector('ol.messages[data-room=lobby]')")
+        assert talker.js(_SCROLLERS_JS, room_list) == [".messages"]
+        # and the pane shows the latest message
+        assert talker.js("return arguments[0].scrollTop > 0", room_list) is True

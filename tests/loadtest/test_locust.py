@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chatlab.harness import AuthProcess, KeyPair, ServerProcess
+from chatlab.harness import AuthProcess, KeyPair, ServerProcess, free_port
 from loadtest.profiles import (
     PROFILES,
     QUIET_TAIL_S,
@@ -27,7 +27,7 @@ from loadtest.profiles import (
     parse_slo,
     parse_stages,
 )
-from tests.loadtest.conftest import LOCUST, LocustRun, run_command, run_locust
+from tests.loadtest.conftest import LOAD_TEST_AUTH, LOCUST, LocustRun, run_command, run_locust
 
 SMOKE_USERS = 20
 ROOM_SIZE = 10
@@ -109,6 +109,56 @@ def test_smoke_run_protobuf_prelogin_two_processes_delivers_to_every_member(
     # the ROOM_SIZE members of its room (two processes, one full room each)
     deliveries = run.report["deliveries"]
     assert deliveries["delivered"] == deliveries["sent"] * ROOM_SIZE
+
+
+def test_a_login_refused_503_and_retried_is_counted_apart_not_as_a_failure(
+    tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    # one hashing job at a time (HASH_QUEUE_MAX=1), each about 0.1 s: of two users
+    # logging in 10 ms apart, the second is refused 503 and its retry a second later taken
+    (tmp_path / "auth").mkdir()
+    slow_one_at_a_time = {"ARGON2_MEMORY_COST_KIB": "65536", "HASH_QUEUE_MAX": "1"}
+    auth = AuthProcess(tmp_path / "auth", **{**LOAD_TEST_AUTH, **slow_one_at_a_time}).start()
+    try:
+        server = start_server(jwt_public_key=str(auth.public_path), log_level="warning")
+        run = run_locust(
+            tmp_path,
+            "-H",
+            server.url,
+            "--stages",
+            "2s:2@100,2s:2",
+            "--pause",
+            "0.2-0.3",
+            "--auth-url",
+            auth.url(),
+            "--auth-mode",
+            "login",
+        )
+    finally:
+        auth.stop()
+    assert run.report["auth"]["retried"] >= 1, run.output  # what is tested happened
+    _assert_clean_delivery(run)  # exit 0, no failure in any entry
+    assert run.count("login") == 2
+    assert "auth: calls answered 429/503 and retried after Retry-After: " in run.output
+
+
+def test_an_unreachable_auth_service_stops_the_run_with_one_clear_line(tmp_path: Path) -> None:
+    nobody = free_port()
+    run = run_locust(
+        tmp_path,
+        "-H",
+        f"ws://127.0.0.1:{free_port()}/ws",
+        "--load-profile",
+        "smoke",
+        "--auth-url",
+        f"http://127.0.0.1:{nobody}",
+    )
+    assert run.returncode == 2, run.output
+    reason = f"auth service unreachable at http://127.0.0.1:{nobody} (ConnectionRefusedError)"
+    assert f"chatlab: run stopped: {reason}" in run.output
+    assert "make loadtest-services" in run.output
+    assert "login" not in run.stats, run.stats  # not one failed login per user
+    assert run.failures == []
 
 
 def test_seed_registers_users_once_and_writes_tokens(tmp_path: Path, auth: AuthProcess) -> None:

@@ -1,0 +1,92 @@
+"""The settings machinery both services share: env files read strictly, enum values exactly.
+
+The services' own start (exit 2 and one line) is tested beside each service; here the
+rules themselves, in-process, for every setting of both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from auth_service.settings import SPECS as AUTH_SPECS
+from chat_server.settings import SPECS as CHAT_SPECS
+from chatlab import setting_names
+from chatlab.settings import Choice, SettingError, Spec, Switch, read_env_file, read_environment
+
+ALL_SPECS = CHAT_SPECS + AUTH_SPECS
+
+
+def test_the_known_names_are_exactly_both_services_settings():
+    assert {spec.env for spec in CHAT_SPECS} == setting_names.CHAT_SERVER
+    assert {spec.env for spec in AUTH_SPECS} == setting_names.AUTH_SERVICE
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("SERIALISER", "SERIALIZER"),
+        ("serializer", "SERIALIZER"),
+        ("CHAT_PROT", "CHAT_PORT"),
+        ("TOKEN_TTL", "TOKEN_TTL_S"),  # an auth setting: one file serves both
+        ("WS_DEFLATES", "WS_DEFLATE"),
+    ],
+)
+def test_a_key_resembling_a_setting_is_refused_naming_it(typo: str, meant: str, tmp_path: Path):
+    env_file = tmp_path / "settings.env"
+    env_file.write_text(f"EVENT_LOOP=asyncio\n{typo}=json\n")
+    with pytest.raises(SettingError) as refused:
+        read_env_file(env_file)
+    assert refused.value.name == typo
+    assert str(refused.value).endswith(f"did you mean {meant}?")
+    assert str(env_file) in str(refused.value)
+
+
+def test_keys_of_other_tools_and_every_known_name_pass(tmp_path: Path):
+    env_file = tmp_path / ".env"
+    known = "\n".join(f"{spec.env}={spec.default}" for spec in ALL_SPECS)
+    env_file.write_text(f"{known}\nCOMPOSE_PROJECT_NAME=chat\nPOSTGRES_HOST=db\n")
+    values = read_env_file(env_file)
+    assert values["COMPOSE_PROJECT_NAME"] == "chat"
+    assert values["SERIALIZER"] == "orjson"
+
+
+def test_a_named_env_file_must_exist_and_a_missing_default_is_fine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)  # no .env here
+    assert read_environment({"SERIALIZER": "json"}) == {"SERIALIZER": "json"}
+    with pytest.raises(SettingError) as missing:
+        read_environment({}, tmp_path / "nowhere.env")
+    assert missing.value.name == "--env-file"
+    assert "no such file" in str(missing.value)
+    with pytest.raises(SettingError) as directory:
+        read_environment({}, tmp_path)
+    assert "not a file" in str(directory.value)
+
+
+def _enum_specs() -> list[Spec]:
+    return [spec for spec in ALL_SPECS if isinstance(spec.parse, Choice)]
+
+
+@pytest.mark.parametrize("spec", _enum_specs(), ids=lambda spec: spec.env)
+def test_each_enum_setting_takes_exactly_the_values_it_lists(spec: Spec):
+    assert isinstance(spec.parse, Choice)
+    for value in spec.parse.allowed:
+        spec.parse(f" {value} ")  # spaces around are not part of the value
+    near_misses = {value.upper() for value in spec.parse.allowed} | {
+        value.capitalize() for value in spec.parse.allowed
+    }
+    if isinstance(spec.parse, Switch):
+        near_misses |= {"yes", "no", "true", "false", "1", "0", "enabled"}
+    for value in near_misses - set(spec.parse.allowed):
+        with pytest.raises(ValueError, match="allowed: "):
+            spec.parse(value)
+
+
+def test_ws_deflate_is_a_switch_of_off_and_on():
+    ws_deflate = next(spec for spec in CHAT_SPECS if spec.env == "WS_DEFLATE")
+    assert (ws_deflate.parse("on"), ws_deflate.parse("off")) == (True, False)
+    with pytest.raises(ValueError, match="allowed: off, on"):
+        ws_deflate.parse("yes")
