@@ -35,6 +35,11 @@ from bench.lab.results import Results, Run, Step, edge, parse_slo
 
 #: the climb's bisection resolution: two knees closer than this are not told apart
 RESOLUTION = 0.05
+#: a knee above this share of the driver's ceiling at its shape measures the driver too:
+#: it is labelled driver-limited and never ranked
+CEILING_SHARE = 0.8
+#: the driver is at its ceiling when it uses this much of its core (its own limit rule)
+DRIVER_CORE_PERCENT = 90.0
 DASH = "\u2013"  # en dash: between the ends of a range
 TIMES = "\u00d7"  # multiplication sign: before a ratio
 
@@ -108,6 +113,28 @@ class Rung:
     costs: dict[float, Cost] = field(default_factory=dict)  # offered sends/s -> cost
     # per repeat: a step that decided the knee (the best held, the first broken) was busy
     busy: list[bool] = field(default_factory=list)
+    # the driver's ceiling at this rung's shape (delivered/s, median over repeats; None:
+    # its CPU was not read): :func:`driver_ceiling`
+    driver_ceiling: float | None = None
+    # per repeat: whether a sustained step at a share of the knee held (None: none was
+    # run, the knee is a burst's, from steps of ``step_s``)
+    sustained: list[bool | None] = field(default_factory=list)
+    step_s: float = 0.0
+    relay_mode: str = ""  # a relay's way of writing (bench.relay --mode)
+
+    @property
+    def near_ceiling(self) -> bool:
+        """The median knee is above :data:`CEILING_SHARE` of the driver's ceiling."""
+        ceiling = self.driver_ceiling
+        return ceiling is not None and self.median > CEILING_SHARE * ceiling
+
+    def knee_kind(self) -> str:
+        """ "sustained" when every repeat's sustained step held, else "burst (N-s steps)"."""
+        if self.sustained and all(self.sustained):
+            return "sustained"
+        if any(held is False for held in self.sustained):
+            return f"burst ({self.step_s:g}-s steps; not held when sustained)"
+        return f"burst ({self.step_s:g}-s steps)"
 
     @property
     def median(self) -> float:
@@ -182,6 +209,9 @@ class Ladder:
     # what profiling costs: each profiled configuration's CPU per frame against the same
     # configuration unprofiled, at the same offered rate
     profiling: list[Comparison] = field(default_factory=list)
+    # each transport's floor: of its relays, the one with the highest knee (the least its
+    # library costs); the chat server is judged as a fraction of it
+    floors: dict[str, Rung] = field(default_factory=dict)
     # the machine around every measured step of the ladder (bench.lab.machine)
     machine: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
 
@@ -223,8 +253,14 @@ def rungs_of(results: Results) -> list[Rung]:
                 same_as=str(results.configs.get(config, {}).get("same_as") or ""),
                 costs=_costs(runs),
                 busy=[_knee_busy(r) for r in runs],
+                driver_ceiling=_median_or_none([driver_ceiling(r) for r in runs]),
+                sustained=[_sustained(r) for r in runs],
+                step_s=max((s.duration_s for r in runs for s in _climbed(r)), default=0.0),
+                relay_mode=runs[0].env.get("RELAY_MODE", ""),
             )
         )
+        if rungs[-1].near_ceiling:
+            rungs[-1].driver_limited = True
     order = {name: i for i, name in enumerate(results.configs)}
     rungs.sort(key=lambda r: order.get(r.config, len(order)))
     return rungs
@@ -248,9 +284,65 @@ def _costs(runs: list[Run]) -> dict[float, Cost]:
     return costs
 
 
+def _climbed(run: Run) -> list[Step]:
+    """The steps of ``run``'s climb (no cost, sustained or superseded step)."""
+    return [
+        s
+        for s in run.steps
+        if s.driver == "fast" and not s.superseded and not s.cost and not s.sustain
+    ]
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def driver_ceiling(run: Run) -> float | None:
+    """The delivered/s at which the driver would fill :data:`DRIVER_CORE_PERCENT` of its
+    core at this run's shape: its core's busy share (its own CPU and the kernel's work
+    there, such as the loopback's packets; its own CPU where it was not pinned) at its
+    highest step that did not saturate it, scaled linearly to that share (acks, for the
+    chat server, scale with the deliveries).
+    The driver's CPU per frame falls as the rate rises (more per wake-up), so this
+    under-estimates: a conservative ceiling, measured in the run at the rung's own shape
+    (with deflate where the rung is driven so). Where the driver did saturate (its core
+    full, or it waited for it: the loopback's kernel work runs there too), the lowest
+    rate it saturated at bounds the estimate."""
+    usable = [
+        s
+        for s in run.steps
+        if s.driver == "fast"
+        and not s.superseded
+        and not s.generator_saturated
+        and (s.generator_core_busy_percent or s.generator_cpu_percent)
+        and s.delivered > 0
+    ]
+    saturated = [
+        s.delivered_per_s
+        for s in run.steps
+        if s.driver == "fast" and not s.superseded and s.generator_saturated
+    ]
+    if not usable:
+        return min(saturated, default=None)
+    top = max(usable, key=lambda s: s.delivered_per_s)
+    busy = top.generator_core_busy_percent or top.generator_cpu_percent
+    assert busy is not None
+    estimate = DRIVER_CORE_PERCENT / busy * top.delivered_per_s
+    return min([estimate, *saturated])
+
+
+def _sustained(run: Run) -> bool | None:
+    """Whether ``run``'s sustained step held the SLO (None: it ran none)."""
+    steps = [s for s in run.steps if s.sustain]
+    if not steps:
+        return None
+    return all(s.holds({"p99": 100.0}) for s in steps)
+
+
 def _knee_busy(run: Run) -> bool:
     """Whether a step that decided ``run``'s knee (the best held, the first broken) was busy."""
-    climbed = [s for s in run.steps if s.driver == "fast" and not s.superseded and not s.cost]
+    climbed = _climbed(run)
     knee = run.knee.get("capacity_delivered_per_s")
     broke = run.knee.get("first_break_offered_per_s")
     deciding = [
@@ -346,6 +438,13 @@ def compare(rung: Rung, reference: Rung, floor: float) -> Comparison:
         rung.config, reference.config, [a / b for a, b, _ in pairs], "not confirmed"
     )
     result.lower_bound, result.upper_bound = rung.lower_bound, reference.lower_bound
+    near = [r.config for r in (rung, reference) if r.near_ceiling]
+    if near and pairs:
+        result.reason = (
+            f"{' and '.join(near)}: knee above {CEILING_SHARE:.0%} of the driver's ceiling "
+            "(compared by CPU per frame instead)"
+        )
+        return result
     return _judge(result, floor, busy=any(busy for *_, busy in pairs))
 
 
@@ -412,6 +511,8 @@ def ladder(results: Results) -> Ladder | None:
         found.against_relays[rung.config] = {
             relay.config: compare(rung, relay, floor) for relay in relays
         }
+    for relay in sorted(relays, key=lambda r: r.median, reverse=True):
+        found.floors.setdefault(relay.transport, relay)
     found.cost_rates = sorted({rate for r in rungs for rate in r.costs})
     for rate in found.cost_rates:
         measured = cost_floor(rungs, results, rate)
@@ -420,7 +521,7 @@ def ladder(results: Results) -> Ladder | None:
     previous: Rung | None = None
     for rung in found.chat_rungs:
         twin = next((r for r in rungs if r.config == rung.same_as), None)
-        relay = next((r for r in relays if r.transport == rung.transport), None)
+        relay = found.floors.get(rung.transport)
         for rate, (cost_floor_value, _) in found.cost_floor.items():
             pairs = [
                 (found.cost_vs_previous, twin or previous),
@@ -551,13 +652,26 @@ def findings(found: Ladder) -> list[str]:
     if unconfirmed:
         parts = [f"{c.config} ({c.ratio_text()}: {c.reason})" for c in unconfirmed]
         sentences.append(f"Knees not confirmed: {'; '.join(parts)}.")
-    limited = [r.config for r in found.chat_rungs if r.driver_limited]
+    limited = [r.config for r in found.rungs if r.driver_limited]
     if limited:
         sentences.append(
-            f"The fast driver itself was the limit for {', '.join(limited)}: "
-            "their knees are lower bounds, and so is any multiple of them; "
-            "their CPU per frame above is not bounded by the driver."
+            f"The fast driver itself was the limit for {', '.join(limited)} (it saturated, or "
+            f"the knee is above {CEILING_SHARE:.0%} of its ceiling at that shape): their knees "
+            "are lower bounds and are not ranked; their CPU per frame is not bounded by the "
+            "driver."
         )
+    sentences += _floor_findings(found)
+    kinds = sorted({r.knee_kind() for r in found.rungs})
+    sentences.append(
+        "Knees are "
+        + " and ".join(kinds)
+        + (
+            ": a burst's knee is higher than a sustained one (set the matrix's sustain_s "
+            "to hold 90 % of each knee afterwards)."
+            if any(k.startswith("burst") for k in kinds)
+            else "."
+        )
+    )
     for relay in found.relays:
         parts = []
         for rung in found.chat_rungs:
@@ -583,6 +697,35 @@ def findings(found: Ladder) -> list[str]:
         sentences.append("No climb step showed a stall.")
     if not found.machine.busy:
         sentences.append(found.machine.sentence())
+    return sentences
+
+
+def floor_fraction(rung: Rung, floor: Rung) -> str:
+    """``rung``'s knee and CPU per frame as fractions of its transport's ``floor``."""
+    parts = []
+    if floor.median > 0:
+        bound = "≥ " if rung.lower_bound else "≤ " if floor.lower_bound else ""
+        parts.append(f"knee {bound}{rung.median / floor.median:.2f}")
+    for rate, cost in rung.costs.items():
+        theirs = floor.costs.get(rate)
+        if cost.median and theirs is not None and theirs.median:
+            where = delivered_label(rate, rung.room_size)
+            parts.append(f"CPU per frame {cost.median / theirs.median:.2f} at {where}")
+    return ", ".join(parts) or DASH
+
+
+def _floor_findings(found: Ladder) -> list[str]:
+    """Each chat rung against its transport's floor relay, as fractions."""
+    sentences = []
+    for transport, floor in found.floors.items():
+        rungs = [r for r in found.chat_rungs if r.transport == transport and not r.same_as]
+        if not rungs:
+            continue
+        parts = [f"{r.config}: {floor_fraction(r, floor)}" for r in rungs]
+        sentences.append(
+            f"Against the {transport} floor, {floor.config} ({floor.label()} delivered/s, "
+            f"the {transport} relay with the highest knee): " + "; ".join(parts) + "."
+        )
     return sentences
 
 

@@ -162,6 +162,20 @@ def process_cpu_s(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def cores_busy_s(cores: Sequence[int]) -> float:
+    """Busy CPU seconds so far of ``cores`` (everything but idle, I/O wait and steal:
+    processes and the kernel's work, such as the loopback's packets, alike)."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    total = 0.0
+    for core in cores:
+        if core < len(per_cpu):
+            t = per_cpu[core]
+            total += (
+                t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+            )
+    return total
+
+
 def tree_cpu_s(root: psutil.Process | None) -> float:
     """CPU seconds (user + system) of ``root`` and its living descendants so far."""
     if root is None:

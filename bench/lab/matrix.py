@@ -54,12 +54,16 @@ class Load:
     # ``cost_step_s`` each: the server's CPU µs per delivered frame at a stated load
     cost_rates: tuple[float, ...] = ()
     cost_step_s: float = 4.0
+    # after the climb, one step this long at 90 % of its knee: whether the knee holds
+    # sustained (0: none; the knee is then a burst's, from steps of step_s)
+    sustain_s: float = 0.0
 
     def fast_duration_s(self) -> float:
         """Seconds one fast-driver run takes (connects not counted; a climb: its most)."""
         steps = MAX_CLIMB_STEPS if self.climb else len(self.rates)
         settle = CLIMB_SETTLE_S if self.climb else 0.0
         costs = len(self.cost_rates) * (self.cost_step_s + self.drain_s)
+        costs += self.sustain_s + self.drain_s if self.sustain_s and self.climb else 0.0
         return self.warmup_s + costs + steps * (self.step_s + self.drain_s + settle)
 
     def climb_steps_expected(self) -> int:
@@ -135,6 +139,8 @@ class Matrix:
                 steps = load.climb_steps_expected()
                 run_s += load.warmup_s + steps * (load.step_s + load.drain_s) + 2
                 run_s += len(load.cost_rates) * (load.cost_step_s + load.drain_s)
+                if load.climb and load.sustain_s:
+                    run_s += load.sustain_s + load.drain_s + 1
                 run_s += 3 if load.climb else 0  # settling after the broken steps
             if config.locust and config.target == "chat" and load.locust_profile:
                 run_s += load.locust_duration_s() + 4

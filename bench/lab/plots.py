@@ -425,6 +425,14 @@ def capacity_ladder(results: Results, out_png: Path) -> Path | None:
             capsize=6,
             lw=1.2,
         )
+        if rung.driver_ceiling:
+            ax.plot(
+                [i - 0.35, i + 0.35],
+                [rung.driver_ceiling] * 2,
+                color="crimson",
+                lw=2,
+                label="the driver's ceiling at that shape" if i == 0 else None,
+            )
         ax.annotate(
             rung.label() + (" (driver-limited)" if rung.driver_limited else ""),
             (i, rung.high),
@@ -447,7 +455,7 @@ def capacity_ladder(results: Results, out_png: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(_THOUSANDS)
     ax.grid(True, axis="y", alpha=0.3)
-    if found.relays:
+    if found.relays or any(r.driver_ceiling for r in rungs):
         ax.legend(fontsize=8, loc="upper left")
     n = max(len(r.knees) for r in rungs)
     if found.cost_rates:

@@ -75,6 +75,9 @@ class Step:
     # the driver could not do more: CPU > 90 %, or it waited for its core (sends merely
     # behind schedule are not this: near a knee, the target's bursts delay them)
     generator_saturated: bool = False
+    # the driver's cores' busy share over the send phase, in percent of one core: its own
+    # CPU and the kernel's work there (the loopback's packets); None when it was not pinned
+    generator_core_busy_percent: float | None = None
     # fast driver: collections its own garbage collector ran inside the step (0: it is
     # off from the step's start to the end of its drain)
     generator_gc_runs: int = 0
@@ -98,6 +101,9 @@ class Step:
     # a fixed-rate step a climbing run makes before its climb, to measure what a frame
     # costs at a stated load (:attr:`server_us_per_frame`); never part of the climb
     cost: bool = False
+    # a step at a share of the climb's knee, held longer than the climb's steps, after the
+    # climb: whether the knee holds sustained or only in bursts; never part of the climb
+    sustain: bool = False
     # counters read by the fast driver at the send phase's start and end (``window_s``
     # apart; None where it was not told the server's pid): CPU seconds (user + system) of
     # the server's process tree, of processes outside the lab, and the host's steal,
@@ -277,7 +283,11 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
     """What a climb found: the highest delivered rate that held, the step that broke, and
     the shape it was measured at (a step the climb ran again, ``superseded``, is left out;
     Locust steps are not part of a climb)."""
-    climbed = [s for s in run.steps if s.driver == "fast" and not s.superseded and not s.cost]
+    climbed = [
+        s
+        for s in run.steps
+        if s.driver == "fast" and not s.superseded and not s.cost and not s.sustain
+    ]
     held = [s for s in climbed if s.holds(slo_ms)]
     broken = [s for s in climbed if not s.holds(slo_ms)]
     best = max(held, key=lambda s: s.delivered_per_s, default=None)
@@ -321,7 +331,9 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
         ],
         "reruns": sum(1 for s in climbed if s.rerun),
         "stalled_steps": sum(
-            1 for s in run.steps if s.driver == "fast" and not s.cost and s.stall_s
+            1
+            for s in run.steps
+            if s.driver == "fast" and not s.cost and not s.sustain and s.stall_s
         ),
         "connections": climbed[0].connections if climbed else 0,
         "body_chars": climbed[0].body_chars if climbed else 0,

@@ -523,6 +523,7 @@ class Lab:
             max_rate=load.max_rate if load.climb and load.max_rate > 0 else None,
             cost_rates=load.cost_rates,
             cost_step_s=load.cost_step_s if load.cost_rates else None,
+            sustain_s=load.sustain_s if load.climb and load.sustain_s else None,
             # every step's window reads the server's CPU and what else ran
             server_pid=server_pid,
             lab_pid=os.getpid(),

@@ -120,7 +120,9 @@ def test_a_difference_is_claimed_only_in_every_repeat_and_beyond_the_floor():
     assert versus[FAST].verdict == "higher" and versus[FAST].median == pytest.approx(4.0)
     assert versus[SAME].verdict == "not confirmed"
     assert "within the ±5.0 % floor in repeat 1, 2" in versus[SAME].reason
-    assert versus[LIMITED].verdict == "higher" and versus[LIMITED].lower_bound
+    # a knee the driver limited is a lower bound, and never ranked
+    assert versus[LIMITED].verdict == "not confirmed" and versus[LIMITED].lower_bound
+    assert "of the driver's ceiling" in versus[LIMITED].reason
     assert versus[LIMITED].ratio_text().startswith(f"≥ {TIMES}")
     # one repeat higher, one lower: the repeats disagree (the floor from an A/A pair: this
     # rung's own spread would otherwise widen it)
@@ -134,6 +136,12 @@ def test_a_difference_is_claimed_only_in_every_repeat_and_beyond_the_floor():
 def test_a_lower_bound_can_never_be_claimed_lower():
     rungs = {r.config: r for r in rungs_of(_results({**KNEES, LIMITED: (1000.0, 1000.0)}))}
     verdict = compare(rungs[LIMITED], rungs[BASE], 0.05)
+    assert verdict.verdict == "not confirmed"
+    assert "lower bound" in verdict.reason or "of the driver's ceiling" in verdict.reason
+    # a lower bound because nothing broke up to the climb's top (not the driver's limit)
+    top = {r.config: r for r in rungs_of(_results(KNEES))}[BASE]
+    top.lower_bound = True
+    verdict = compare(top, rungs[FAST], 0.05)
     assert verdict.verdict == "not confirmed" and "lower bound" in verdict.reason
 
 

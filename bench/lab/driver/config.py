@@ -57,6 +57,9 @@ class DriverConfig:
     # fixed-rate steps before the climb or the rates, to measure what a frame costs there
     cost_rates: tuple[float, ...] = ()
     cost_step_s: float = 4.0
+    # after a climb: one step of sustain_s at sustain_share of the knee (0: none)
+    sustain_s: float = 0.0
+    sustain_share: float = 0.9
     # whose CPU each step's window reads: the server's process tree, and the lab's (its
     # caller: everything under it is not "other processes")
     server_pid: int | None = None
@@ -200,6 +203,16 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
     )
     parser.add_argument("--cost-step-s", type=float, default=4.0, help="seconds per cost step [4]")
     parser.add_argument(
+        "--sustain-s",
+        type=float,
+        default=0.0,
+        help="after a climb, hold --sustain-share of the knee this long, named "
+        "'sustain RATE/s': whether the knee holds sustained or only in bursts [0: no]",
+    )
+    parser.add_argument(
+        "--sustain-share", type=float, default=0.9, help="of the knee, for --sustain-s [0.9]"
+    )
+    parser.add_argument(
         "--server-pid",
         type=int,
         help="read this process tree's CPU over each step's send phase: the server's CPU "
@@ -224,6 +237,8 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: 1 or more")
     if not args.step_s > 0:
         parser.error(f"--step-s {args.step_s}: allowed: more than 0")
+    if args.sustain_s < 0 or not 0 < args.sustain_share <= 1:
+        parser.error("--sustain-s must be 0 or more and 0 < --sustain-share <= 1")
     if not args.cost_step_s > 0:
         parser.error(f"--cost-step-s {args.cost_step_s}: allowed: more than 0")
     for name in ("server_pid", "lab_pid"):
@@ -291,6 +306,8 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         min_rate=args.rates[0] / args.factor**4,
         cost_rates=args.cost_rates,
         cost_step_s=args.cost_step_s,
+        sustain_s=args.sustain_s,
+        sustain_share=args.sustain_share,
         server_pid=args.server_pid,
         lab_pid=args.lab_pid,
     )
@@ -323,6 +340,7 @@ class DriverArgs:
     max_rate: float | None = None
     cost_rates: tuple[float, ...] = ()
     cost_step_s: float | None = None
+    sustain_s: float | None = None
     server_pid: int | None = None
     lab_pid: int | None = None
     retry: bool = False
@@ -348,6 +366,7 @@ class DriverArgs:
             "--max-rate": self.max_rate,
             "--cost-rates": ",".join(f"{r:g}" for r in self.cost_rates) or None,
             "--cost-step-s": self.cost_step_s,
+            "--sustain-s": self.sustain_s,
             "--server-pid": self.server_pid,
             "--lab-pid": self.lab_pid,
         }

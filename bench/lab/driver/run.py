@@ -31,7 +31,7 @@ from bench.lab.driver.connections import (
 from bench.lab.driver.frames import decode_frame, frame_kind_reader, send_frame
 from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
-from bench.lab.machine import HostTimes, process_cpu_s, read_host, tree_cpu_s
+from bench.lab.machine import HostTimes, cores_busy_s, process_cpu_s, read_host, tree_cpu_s
 from bench.lab.results import Step, TimePoint
 from chat_server.codecs import get_codec
 from chat_server.messages import Join
@@ -401,6 +401,8 @@ class Driver:
         self.current = recorder
         window_before = self._window_counters()
         cpu_before = self.process.cpu_times()
+        cores = self.config.cores
+        cores_before = cores_busy_s(cores) if cores else None
         runq_before_ns = runq_wait_ns()
         sender = asyncio.ensure_future(self.send_schedule(rate, recorder))
         every = range(start_ns + FLUSH_INTERVAL_NS, stop_ns, FLUSH_INTERVAL_NS)
@@ -414,6 +416,9 @@ class Driver:
                 used_s = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
                 elapsed_ns = perf_counter_ns() - start_ns
                 recorder.cpu_percent = 100 * used_s / (elapsed_ns / 1e9)
+                if cores and cores_before is not None:
+                    busy_s = cores_busy_s(cores) - cores_before
+                    recorder.core_busy_percent = 100 * busy_s / (elapsed_ns / 1e9) / len(cores)
                 runq_after_ns = runq_wait_ns()
                 if runq_before_ns is not None and runq_after_ns is not None:
                     recorder.runq_wait_share = (runq_after_ns - runq_before_ns) / elapsed_ns
@@ -496,7 +501,9 @@ class Driver:
             recorder.cost = True
             await self._recorded_step(rate, recorder, steps)
         if config.climb_slo is not None:
-            await self._climb(config.climb_slo, first, steps)
+            held = await self._climb(config.climb_slo, first, steps)
+            if held > 0 and config.sustain_s > 0:
+                await self._sustain(round(held * config.sustain_share), steps)
             return
         for index, rate in enumerate(config.rates):
             await self._recorded_step(rate, first if index == 0 else None, steps)
@@ -521,13 +528,22 @@ class Driver:
         self.write(steps)
         return step
 
-    async def _climb(self, slo: dict[str, float], first: StepRecorder, steps: list[Step]) -> None:
+    async def _sustain(self, rate: float, steps: list[Step]) -> None:
+        """After a climb: one step of ``--sustain-s`` at ``rate`` (a share of the knee),
+        whether the knee holds sustained or was only a burst's."""
+        config = self.config
+        await self._settle()
+        recorder = StepRecorder(f"sustain {rate:g}/s", rate, config.sustain_s, config.connections)
+        recorder.sustain = True
+        await self._recorded_step(rate, recorder, steps)
+
+    async def _climb(self, slo: dict[str, float], first: StepRecorder, steps: list[Step]) -> float:
         """Find the knee: multiply the rate by ``factor`` while the SLO holds, then bisect
         (geometrically) between the last held and the first broken rate until they are
         within ``resolution``. A stalled step (:func:`stalled_points`) that held, or that
         broke only in its stalled seconds, is run once more and the re-run decides. A step
         that held while the driver was saturated (its core full, or waiting for it) ends the
-        climb: the knee is beyond it."""
+        climb: the knee is beyond it. Returns the highest rate that held (0: none)."""
         config = self.config
         held, broke = 0.0, math.inf
         rate = config.rates[0]
@@ -545,13 +561,13 @@ class Driver:
             if step.holds(slo):
                 held = max(held, rate)
                 if step.generator_saturated:
-                    return  # the driver, not the target, is the limit: higher says nothing
+                    return held  # the driver, not the target, is the limit: higher says nothing
             else:
                 broke = min(broke, rate)
                 await self._settle()
             following = next_climb_rate(rate, held, broke, config)
             if following is None:
-                return
+                return held
             rate = following
 
     async def _settle(self) -> None:

@@ -43,10 +43,13 @@ class StepRecorder:
         self.ack_latency = LatencyHistogram()
         self.timeline: list[TimePoint] = []
         self.cpu_percent: float | None = None
+        # its cores' busy share over the send phase (its own work and the kernel's there)
+        self.core_busy_percent: float | None = None
         self.runq_wait_share: float | None = None  # of the send phase (Linux schedstat)
         self.gc_runs = 0  # collections of the driver's own GC from start to end of drain
         self.send_points = 0  # timeline points of the send phase (the rest are its drain)
         self.cost = False  # a cost step (Step.cost)
+        self.sustain = False  # a sustained step after a climb (Step.sustain)
         # the send phase's window: its seconds, the server's CPU seconds, other processes'
         # and the host's steal (None: not read)
         self.window_s = 0.0
@@ -105,6 +108,10 @@ class StepRecorder:
             started_s=self.started_s,
             stall_s=[p.t_s for p in stalled_points(self.timeline[: self.send_points])],
             cost=self.cost,
+            sustain=self.sustain,
+            generator_core_busy_percent=(
+                None if self.core_busy_percent is None else round(self.core_busy_percent, 1)
+            ),
             window_s=round(self.window_s, 4),
             server_cpu_s=None if self.server_cpu_s is None else round(self.server_cpu_s, 4),
             others_cpu_s=None if self.others_cpu_s is None else round(self.others_cpu_s, 4),

@@ -14,6 +14,7 @@ from bench.lab.ladder import (
     compare,
     delivered_label,
     findings,
+    floor_fraction,
     floor_text,
 )
 from bench.lab.plots import Plot, server_tail
@@ -64,7 +65,8 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
         ),
     ]
     relays = found.relays
-    header = ["configuration", "knee (median)", "min\u2013max", "per repeat", "vs baseline"]
+    header = ["configuration", "knee (median)", "min\u2013max", "per repeat", "kind"]
+    header += ["driver ceiling", "of its transport's floor", "vs baseline"]
     header += [f"vs {r.config}" for r in relays]
     header += [f"µs/frame at {delivered_label(rate, room)}" for rate in found.cost_rates]
     header += ["stalls / re-runs"]
@@ -82,6 +84,11 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
             rung.label() + (" (driver-limited)" if rung.driver_limited else ""),
             f"{rung.low:,.0f}{DASH}{rung.high:,.0f}",
             ", ".join(f"{k:,.0f}" for k in rung.knees),
+            rung.knee_kind(),
+            f"{rung.driver_ceiling:,.0f}" if rung.driver_ceiling else EMPTY,
+            floor_fraction(rung, found.floors[rung.transport])
+            if rung.transport in found.floors and rung.target == "chat"
+            else EMPTY,
             cell,
         ]
         for relay in relays:
