@@ -112,7 +112,9 @@ class Step:
     server_cpu_s: float | None = None
     others_cpu_s: float | None = None
     steal_s: float | None = None
-    acks: int = 0  # acks received for the step's sends (the chat server's N+1th frame)
+    # acks received during the step (the chat server's N+1th frame per send; one for a
+    # send made just before the step may arrive in it)
+    acks: int = 0
 
     @property
     def server_us_per_frame(self) -> float | None:
