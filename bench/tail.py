@@ -49,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -342,7 +342,54 @@ def measure_capacity(
     return rate, bracketed
 
 
-def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+@dataclass
+class TailRun:
+    """One steady run: the driver's figures, and the server's for the window. Of the relay
+    (no metrics, no /stats) only its CPU, its wait for its core and the host's steal are
+    known: ``server_metrics`` is False and its server counts are 0."""
+
+    env: dict[str, str]
+    rate: float  # sends/s offered
+    # False for the relay, or a server from before these metrics: its GC, loop, commit
+    # and error figures are not known (0)
+    server_metrics: bool
+    sent_per_s: float
+    delivered_per_s: float
+    p99_ms: float
+    max_ms: float
+    errors: int
+    generator_limited: bool
+    # why the driver's figures measure the driver too (bench.lab.driver's tests)
+    generator_notes: list[str]
+    generator_cpu_percent: float | None
+    max_send_lag_ms: float
+    generator_gc_runs: int
+    window_start_monotonic: float
+    window_s: float
+    cpu_percent: float
+    cpu_us_per_frame: float
+    # what the server counted inside the window (:func:`window_figures`): GC pauses per
+    # generation, late loop ticks, commits, unavailable errors, CPU seconds
+    server: dict[str, float]
+    late_ticks_ms: list[float]
+    late_ticks_at: list[float]
+    late_tick_causes: dict[str, int]
+    checkpointer: dict[str, Any]  # since the server started (SQLite store only)
+    # the seconds of the window whose slowest delivery passed the tail bound
+    slow_seconds: list[dict[str, Any]]
+    histograms: dict[str, dict[str, int]]
+    window_core_wait_ms_per_s: float | None = None
+    window_core_steal_ms_per_s: float | None = None
+    repeat: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as ``--json`` writes it: one flat object, the server's counts beside
+        the rest (absent optional figures left out)."""
+        data = {k: v for k, v in asdict(self).items() if k != "server" and v is not None}
+        return {**data, **self.server}
+
+
+def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> TailRun:
     """One server, one steady step; the driver's figures and the server's for the window.
     Of the relay (no metrics, no /stats) only its CPU, its wait for its core and the
     host's steal are known."""
@@ -421,36 +468,33 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
     window_s = after[0] - before[0]
     figures = window_figures(before[1], after[1])
     # the scrapes bracket the window by up to SCRAPE_EVERY_S each side: a close estimate
-    figures["cpu_percent"] = 100 * figures["cpu_s"] / window_s
-    figures["cpu_us_per_frame"] = 1e6 * figures["cpu_s"] / window_s / step["delivered_per_s"]
+    cpu_percent = 100 * figures["cpu_s"] / window_s
     server_side = second_figures(scrapes, before[0], after[0])
-    # the window's CPU is figures["cpu_percent"] already
-    for name in ("core_wait_ms_per_s", "core_steal_ms_per_s"):
-        if name in server_side:
-            figures[f"window_{name}"] = server_side[name]
-    return {
-        "env": env,
-        "rate": env_rate(args, env),
-        # False for the relay, or a server from before these metrics: its GC, loop,
-        # commit and error figures are not known (0)
-        "server_metrics": GC_PAUSES in after[1],
-        **(stalls(tail, wall_start, wall_start + step["duration_s"]) if tail else NO_STALLS),
-        # since the server started (SQLite store only)
-        "checkpointer": tail.get("checkpointer", {}) if tail else {},
-        "sent_per_s": step["sent_per_s"],
-        "delivered_per_s": step["delivered_per_s"],
-        "p99_ms": step["latency_ms"]["p99"],
-        "max_ms": step["latency_ms"]["max"],
-        "errors": step["errors"],
-        "generator_limited": step["generator_limited"],
-        # why the driver's figures measure the driver too (bench.lab.driver's tests)
-        "generator_notes": step.get("generator_notes", []),
-        "window_start_monotonic": round(start, 4),
-        "generator_cpu_percent": step["generator_cpu_percent"],
-        "max_send_lag_ms": step["max_send_lag_ms"],
-        "generator_gc_runs": step.get("generator_gc_runs", 0),
-        # the seconds of the window whose slowest delivery passed the tail bound
-        "slow_seconds": [
+    ticks = stalls(tail, wall_start, wall_start + step["duration_s"]) if tail else NO_STALLS
+    return TailRun(
+        env=env,
+        rate=env_rate(args, env),
+        server_metrics=GC_PAUSES in after[1],
+        sent_per_s=step["sent_per_s"],
+        delivered_per_s=step["delivered_per_s"],
+        p99_ms=step["latency_ms"]["p99"],
+        max_ms=step["latency_ms"]["max"],
+        errors=step["errors"],
+        generator_limited=step["generator_limited"],
+        generator_notes=step.get("generator_notes", []),
+        generator_cpu_percent=step["generator_cpu_percent"],
+        max_send_lag_ms=step["max_send_lag_ms"],
+        generator_gc_runs=step.get("generator_gc_runs", 0),
+        window_start_monotonic=round(start, 4),
+        window_s=round(window_s, 2),
+        cpu_percent=cpu_percent,
+        cpu_us_per_frame=1e6 * figures["cpu_s"] / window_s / step["delivered_per_s"],
+        server=figures,
+        late_ticks_ms=ticks["late_ticks_ms"],
+        late_ticks_at=ticks["late_ticks_at"],
+        late_tick_causes=ticks["late_tick_causes"],
+        checkpointer=tail.get("checkpointer", {}) if tail else {},
+        slow_seconds=[
             {
                 "t_s": round(p["t_s"] - step["started_s"], 1),
                 "max_ms": p["max_ms"],
@@ -460,13 +504,14 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dic
             for p in step["timeline"]
             if p.get("max_ms") and p["max_ms"] > TAIL_BOUND_S * 1e3 * 2
         ],
-        "window_s": round(window_s, 2),
-        **figures,
-        "histograms": {
+        histograms={
             key: window_histogram(before[1], after[1], family, labels)
             for key, (family, labels) in WINDOW_HISTOGRAMS.items()
         },
-    }
+        # the scrapes bracket the window by up to SCRAPE_EVERY_S each side: close estimates
+        window_core_wait_ms_per_s=server_side.get("core_wait_ms_per_s"),
+        window_core_steal_ms_per_s=server_side.get("core_steal_ms_per_s"),
+    )
 
 
 def variant_name(env: dict[str, str]) -> str:
@@ -486,7 +531,7 @@ def _median_range(values: list[float], fmt: str) -> str:
     return f"{median:{fmt}} ({ordered[0]:{fmt}}-{ordered[-1]:{fmt}})"
 
 
-def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
+def summary(runs: list[TailRun], bound_ms: float) -> list[str]:
     """The end of a session, one paragraph per variant: the medians and ranges of its
     runs, and whether the tail bound held in each.
 
@@ -496,32 +541,32 @@ def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
     either way.
     """
     lines: list[str] = []
-    by_name: dict[str, list[dict[str, Any]]] = {}
+    by_name: dict[str, list[TailRun]] = {}
     for run in runs:
-        by_name.setdefault(variant_name(run["env"]), []).append(run)
+        by_name.setdefault(variant_name(run.env), []).append(run)
     for name, group in by_name.items():
-        rates = "/".join(f"{r:g}" for r in sorted({run["rate"] for run in group}))
+        rates = "/".join(f"{r:g}" for r in sorted({run.rate for run in group}))
         lines.append(
             f"{name}: {len(group)} run(s) at {rates} sends/s: p99"
-            f" {_median_range([r['p99_ms'] for r in group], '.1f')} ms, max"
-            f" {_median_range([r['max_ms'] for r in group], '.1f')} ms, server"
-            f" {_median_range([r['cpu_us_per_frame'] for r in group], '.2f')} µs of CPU per"
+            f" {_median_range([r.p99_ms for r in group], '.1f')} ms, max"
+            f" {_median_range([r.max_ms for r in group], '.1f')} ms, server"
+            f" {_median_range([r.cpu_us_per_frame for r in group], '.2f')} µs of CPU per"
             " delivered frame (medians, range in brackets)"
         )
-        counted = [r for r in group if not r["generator_limited"]]
+        counted = [r for r in group if not r.generator_limited]
         held = []
         failed = []
         for run in counted:
             why = []
-            if run["max_ms"] >= bound_ms:
-                why.append(f"max {run['max_ms']:.1f} ms")
-            gc_over = sum(run.get(f"gc{g}_over_10ms", 0) for g in "012")
+            if run.max_ms >= bound_ms:
+                why.append(f"max {run.max_ms:.1f} ms")
+            gc_over = sum(run.server.get(f"gc{g}_over_10ms", 0) for g in "012")
             if gc_over:
                 why.append(f"{gc_over:.0f} GC pause(s) over 10 ms")
-            if run.get("unavailable"):
-                why.append(f"{run['unavailable']:.0f} unavailable")
+            if run.server.get("unavailable"):
+                why.append(f"{run.server['unavailable']:.0f} unavailable")
             (failed if why else held).append((run, why))
-        measured = all(r.get("server_metrics", True) for r in group)
+        measured = all(r.server_metrics for r in group)
         verdict = (
             f"    max under {bound_ms:g} ms"
             + (
@@ -533,10 +578,10 @@ def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
         )
         if failed:
             verdict += "; not in " + ", ".join(
-                f"run {run['repeat']} ({', '.join(why)}{_stolen(run)})" for run, why in failed
+                f"run {run.repeat} ({', '.join(why)}{_stolen(run)})" for run, why in failed
             )
         lines.append(verdict)
-        over = [p for run in group for p in run.get("slow_seconds", []) if p["max_ms"] >= bound_ms]
+        over = [p for run in group for p in run.slow_seconds if p["max_ms"] >= bound_ms]
         if over:
             stole = [p.get("core_steal_ms_per_s", 0) >= STEAL_NOTABLE_MS for p in over]
             held = [bool(p.get("holds_ms")) for p in over]
@@ -548,17 +593,17 @@ def summary(runs: list[dict[str, Any]], bound_ms: float) -> list[str]:
                 f" in {sum(held)}, neither in {neither}"
             )
         for run in group:
-            if run["generator_limited"]:
-                notes = "; ".join(run.get("generator_notes") or []) or "generator-limited"
+            if run.generator_limited:
+                notes = "; ".join(run.generator_notes) or "generator-limited"
                 lines.append(
-                    f"    run {run['repeat']} not counted: the driver was the limit too"
-                    f" ({notes}){_stolen(run)}; its max was {run['max_ms']:.1f} ms"
+                    f"    run {run.repeat} not counted: the driver was the limit too"
+                    f" ({notes}){_stolen(run)}; its max was {run.max_ms:.1f} ms"
                 )
     return lines
 
 
-def _stolen(run: dict[str, Any]) -> str:
-    steal = run.get("window_core_steal_ms_per_s")
+def _stolen(run: TailRun) -> str:
+    steal = run.window_core_steal_ms_per_s
     return "" if steal is None else f", the host stole {steal:.0f} ms/s of the server's core"
 
 
@@ -700,45 +745,47 @@ def main(argv: list[str] | None = None) -> int:
         for env in variants:
             with tempfile.TemporaryDirectory(prefix="chatlab-tail-") as tmp:
                 run = one_run(args, env, Path(tmp))
-            run["repeat"] = k + 1
+            run.repeat = k + 1
             runs.append(run)
             name = variant_name(env)
-            pauses = "/".join(f"{run[f'gc{g}_pauses']:.0f}" for g in "012")
-            over = sum(run[f"gc{g}_over_10ms"] for g in "012")
+            counts = run.server
+            pauses = "/".join(f"{counts[f'gc{g}_pauses']:.0f}" for g in "012")
+            over = sum(counts[f"gc{g}_over_10ms"] for g in "012")
             inside = (
-                f"{pauses:>10}{over:>7.0f}{run['loop_late_over_10ms']:>10.0f}"
-                f"{run['commits']:>9.0f}{run['commits_over_10ms']:>7.0f}{run['unavailable']:>8.0f}"
-                if run["server_metrics"]
+                f"{pauses:>10}{over:>7.0f}{counts['loop_late_over_10ms']:>10.0f}"
+                f"{counts['commits']:>9.0f}{counts['commits_over_10ms']:>7.0f}"
+                f"{counts['unavailable']:>8.0f}"
+                if run.server_metrics
                 else f"{'-':>10}{'-':>7}{'-':>10}{'-':>9}{'-':>7}{'-':>8}"
             )
             print(
-                f"{name:<28}{run['p99_ms']:>8.1f}{run['max_ms']:>8.1f}{inside}"
-                f"{run['cpu_percent']:>7.1f}{run['cpu_us_per_frame']:>9.2f}"
-                + ("  generator-limited" if run["generator_limited"] else ""),
+                f"{name:<28}{run.p99_ms:>8.1f}{run.max_ms:>8.1f}{inside}"
+                f"{run.cpu_percent:>7.1f}{run.cpu_us_per_frame:>9.2f}"
+                + ("  generator-limited" if run.generator_limited else ""),
                 flush=True,
             )
             slow = ", ".join(
-                f"{p['t_s']:g}: {p['max_ms']:.1f}{looked(p)}" for p in run["slow_seconds"]
+                f"{p['t_s']:g}: {p['max_ms']:.1f}{looked(p)}" for p in run.slow_seconds
             )
             print(
-                f"    driver: cpu {run['generator_cpu_percent'] or 0:.0f}%, max send lag"
-                f" {run['max_send_lag_ms']:.1f} ms, its GC ran {run['generator_gc_runs']}"
+                f"    driver: cpu {run.generator_cpu_percent or 0:.0f}%, max send lag"
+                f" {run.max_send_lag_ms:.1f} ms, its GC ran {run.generator_gc_runs}"
                 " times; seconds with a delivery over"
                 f" {2 * TAIL_BOUND_S * 1e3:g} ms (s into the window: max ms, and the server"
                 f" around it): {slow or 'none'}"
             )
             server_notes = []
-            if "window_core_wait_ms_per_s" in run:
+            if run.window_core_wait_ms_per_s is not None:
                 server_notes.append(
                     "its loop waited for its core"
-                    f" {run['window_core_wait_ms_per_s']:.1f} ms a second over the window"
+                    f" {run.window_core_wait_ms_per_s:.1f} ms a second over the window"
                 )
-            if "window_core_steal_ms_per_s" in run:
+            if run.window_core_steal_ms_per_s is not None:
                 server_notes.append(
                     "the host stole its core"
-                    f" {run['window_core_steal_ms_per_s']:.1f} ms a second over the window"
+                    f" {run.window_core_steal_ms_per_s:.1f} ms a second over the window"
                 )
-            checkpointer = run["checkpointer"]
+            checkpointer = run.checkpointer
             if checkpointer:
                 server_notes.append(
                     f"{checkpointer['checkpoints']} checkpoints since start,"
@@ -754,18 +801,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if server_notes:
                 print(f"    server: {'; '.join(server_notes)}")
-            if run["late_ticks_ms"]:
-                causes = ", ".join(f"{k} {v}" for k, v in sorted(run["late_tick_causes"].items()))
-                print(f"    late ticks (ms): {run['late_ticks_ms']}; coincided with: {causes}")
+            if run.late_ticks_ms:
+                causes = ", ".join(f"{k} {v}" for k, v in sorted(run.late_tick_causes.items()))
+                print(f"    late ticks (ms): {run.late_ticks_ms}; coincided with: {causes}")
             if args.histograms:
-                for key, counts in run["histograms"].items():
-                    cells = ", ".join(f"{b[3:]}: {n}" for b, n in counts.items()) or "none"
+                for key, histogram in run.histograms.items():
+                    cells = ", ".join(f"{b[3:]}: {n}" for b, n in histogram.items()) or "none"
                     print(f"    {key} (s, bucket upper bound: count): {cells}")
     print()
     for line in summary(runs, args.bound_ms):
         print(line)
     if args.json:
-        args.json.write_text(json.dumps(runs, indent=2))
+        args.json.write_text(json.dumps([run.to_json() for run in runs], indent=2))
     return 0
 
 

@@ -16,6 +16,7 @@ from bench.tail import (
     SERVER_ROOT,
     STOLEN,
     WAITED,
+    TailRun,
     held_commits,
     knee,
     looked,
@@ -211,22 +212,38 @@ def test_of_capacity_outside_0_to_1_is_refused():
     assert "--of-capacity must be in (0, 1]" in result.stderr
 
 
-def _run(repeat: int, max_ms: float, **more: Any) -> dict[str, Any]:
-    return {
+def _run(repeat: int, max_ms: float, **more: Any) -> TailRun:
+    server = {"gc0_over_10ms": 0.0, "gc1_over_10ms": 0.0, "gc2_over_10ms": 0.0}
+    server |= {"unavailable": 0.0, **more.pop("server", {})}
+    fields = {
         "env": {"gc_policy": "tuned"},
         "rate": 6620.0,
-        "repeat": repeat,
+        "server_metrics": True,
+        "sent_per_s": 6620.0,
+        "delivered_per_s": 66200.0,
         "p99_ms": 10.0 * repeat,
         "max_ms": max_ms,
-        "cpu_us_per_frame": 13.0 + repeat / 10,
+        "errors": 0,
         "generator_limited": False,
-        "gc0_over_10ms": 0.0,
-        "gc1_over_10ms": 0.0,
-        "gc2_over_10ms": 0.0,
-        "unavailable": 0.0,
+        "generator_notes": [],
+        "generator_cpu_percent": 50.0,
+        "max_send_lag_ms": 1.0,
+        "generator_gc_runs": 0,
+        "window_start_monotonic": 0.0,
+        "window_s": 60.0,
+        "cpu_percent": 80.0,
+        "cpu_us_per_frame": 13.0 + repeat / 10,
+        "server": server,
+        "late_ticks_ms": [],
+        "late_ticks_at": [],
+        "late_tick_causes": {},
+        "checkpointer": {},
+        "slow_seconds": [],
+        "histograms": {},
         "window_core_steal_ms_per_s": 20.0,
-        **more,
+        "repeat": repeat,
     }
+    return TailRun(**{**fields, **more})
 
 
 def test_the_summary_counts_runs_under_the_bound_and_leaves_out_generator_limited_ones():
@@ -244,9 +261,9 @@ def test_the_summary_counts_runs_under_the_bound_and_leaves_out_generator_limite
                 {"t_s": 40.0, "max_ms": 45.0, "core_steal_ms_per_s": 80.0},  # under the bound
             ],
         ),
-        _run(3, 30.0, gc2_over_10ms=1.0),
+        _run(3, 30.0, server={"gc2_over_10ms": 1.0}),
         _run(4, 76.2, generator_limited=True, generator_notes=["max send lag 62.0 ms > 50 ms"]),
-        _run(5, 12.0, unavailable=2.0),
+        _run(5, 12.0, server={"unavailable": 2.0}),
     ]
     lines = summary(runs, bound_ms=50)
     assert lines[0] == (
@@ -272,7 +289,7 @@ def test_the_summary_counts_runs_under_the_bound_and_leaves_out_generator_limite
     )
     assert len(lines) == 4
     # every run under the bound, two variants: one paragraph each
-    other = [{**_run(1, 20.0), "env": {}}, _run(1, 49.9)]
+    other = [_run(1, 20.0, env={}), _run(1, 49.9)]
     lines = summary(other, bound_ms=50)
     assert lines[0].startswith("defaults: 1 run(s) at 6620 sends/s: p99 10.0 ms, max 20.0 ms")
     assert lines[1].endswith("held in 1 of the 1 run(s) the driver kept pace with")
@@ -302,7 +319,7 @@ def test_the_relay_variant_runs_the_bare_relay_and_says_what_it_cannot_measure(t
 
 
 def test_the_summary_of_the_relay_does_not_claim_gc_or_errors_were_checked():
-    relay = [{**_run(1, 20.0), "env": RELAY, "server_metrics": False}]
+    relay = [_run(1, 20.0, env=RELAY, server_metrics=False)]
     lines = summary(relay, bound_ms=50)
     assert lines[0].startswith("websockets relay: 1 run(s) at 6620 sends/s")
     assert lines[1] == (
