@@ -4,12 +4,12 @@ Each serves ``ws://HOST:PORT/ws?room=NAME`` with no token, no codec and no store
 relays every message it receives, verbatim (text as text, binary as binary), to every
 member of the sender's room, the sender included; a message sent in several frames is
 relayed as one. ``GET /healthz`` answers 200, another path 404, ``/ws`` without
-``?room=`` is upgraded and closed with 1008. ``--transport`` picks the library, ``--mode`` how
-frames are written (:data:`MODES`): the transport's idiomatic API (the default:
-``recv-broadcast`` on websockets, ``per-frame-send`` on picows, see
-:mod:`bench.relay_picows`), or ``coalesced``, each message framed once and one write
-per member per loop iteration, as the chat server writes (:mod:`bench.relay_sansio`,
-:mod:`bench.relay_picows`): the transport's floor.
+``?room=`` is upgraded and closed with 1008. ``--transport`` picks the library,
+``--mode`` how frames are written: the transport's idiomatic API (the default:
+``recv-broadcast`` on websockets' asyncio server, ``per-frame-send`` on picows), or
+``coalesced``, each message framed once and one write per member per loop iteration,
+as the chat server writes (websockets: bench.relay_sansio, its sans-I/O protocol in
+an asyncio.Protocol; picows: bench.relay_picows): the transport's floor.
 
 A member too far behind is closed with 1013 rather than growing memory, except on
 ``recv-broadcast``: it uses ``websockets.broadcast``, which has no backpressure and no
@@ -32,7 +32,7 @@ from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from bench.relay_base import CLOSE_POLICY, MAX_MESSAGE_BYTES, WS_PATH
+from bench.relay_base import CLOSE_POLICY, DEFAULT_MODES, MAX_MESSAGE_BYTES, MODES, WS_PATH
 from chat_server.runtime import on_stop_signals, pin_cpus, raise_open_files_limit
 from chat_server.transport.websockets import permessage_deflate
 from chatlab.loops import loop_factory
@@ -44,29 +44,6 @@ log = logging.getLogger("bench.relay")
 MAX_CONNECTIONS = 10_000
 #: ``--transport`` values; websockets is the default
 TRANSPORTS = ("websockets", "picows")
-#: ``--mode`` values: what each does, and the transports it runs on (the first mode a
-#: transport lists is its default, the relay it always had)
-MODES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "recv-broadcast": (
-        "websockets' asyncio server, `async for message in conn: broadcast(room, message)`:"
-        " one write per frame per member, no bound (websockets' default)",
-        ("websockets",),
-    ),
-    "per-frame-send": (
-        "one picows `transport.send` per frame per member (picows' default)",
-        ("picows",),
-    ),
-    "coalesced": (
-        "each message framed once, one write per member per loop iteration (websockets:"
-        " its sans-I/O ServerProtocol in an asyncio.Protocol): the transport's floor",
-        ("websockets", "picows"),
-    ),
-}
-
-
-def default_mode(transport: str) -> str:
-    """The mode a transport's relay runs in without ``--mode``: its idiomatic API."""
-    return next(mode for mode, (_, transports) in MODES.items() if transports[0] == transport)
 
 
 class Relay:
@@ -134,6 +111,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.relay",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
+        epilog="modes (--mode):\n"
+        + "\n".join(
+            f"  {mode:<15} {what} [{', '.join(transports)}]"
+            for mode, (what, transports) in MODES.items()
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
     parser.add_argument("--port", type=int, default=8765, help="port to listen on [8765]")
@@ -158,9 +141,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mode",
         choices=tuple(MODES),
         default=None,
-        help="how frames are written: "
-        + "; ".join(f"{mode}: {what}" for mode, (what, _) in MODES.items())
-        + " [the transport's first]",
+        help="how frames are written (see modes below)"
+        " [recv-broadcast on websockets, per-frame-send on picows]",
     )
     parser.add_argument(
         "--deflate",
@@ -171,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-level", default="info", help="logging level [info]")
     args = parser.parse_args(argv)
     if args.mode is None:
-        args.mode = default_mode(args.transport)
+        args.mode = DEFAULT_MODES[args.transport]
     if args.transport not in MODES[args.mode][1]:
         parser.error(f"--mode {args.mode}: runs on {', '.join(MODES[args.mode][1])} only")
     if args.deflate == "on" and args.transport == "picows":

@@ -34,6 +34,22 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_TRY_AGAIN_LATER = 1013
 #: largest message accepted (every relay; a fragmented one counts whole)
 MAX_MESSAGE_BYTES = 2**20
+#: ``--mode`` values: what each does, and the transports it runs on
+MODES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "recv-broadcast": (
+        "`async for message in conn: broadcast(room, message)`, no bound",
+        ("websockets",),
+    ),
+    "per-frame-send": ("one `transport.send` per frame per member", ("picows",)),
+    "coalesced": (
+        "each message framed once, one write per member per loop iteration: the floor",
+        ("websockets", "picows"),
+    ),
+}
+#: each transport's mode without ``--mode`` (its idiomatic API: the relay it always had)
+DEFAULT_MODES = {"websockets": "recv-broadcast", "picows": "per-frame-send"}
+
+
 #: bytes a member may have pending and buffered in its transport; past it, close 1013.
 #: The bare relays' bound (16 MiB), far above what a reading client leaves unread.
 MAX_OUTBOUND_BYTES = 16 * 2**20
