@@ -20,7 +20,9 @@ per connection. Two ways to write, chosen at start:
 
 Either way a member too far behind is closed with 1013 rather than growing memory:
 past ``MAX_OUTBOUND_BYTES`` in its transport's buffer (per-frame, checked only while
-picows reports writing paused), or in what is pending and buffered (coalesced).
+picows reports writing paused), or in what is pending and buffered (coalesced). Its
+close frame goes behind what is buffered, nothing more is sent to it, and it is
+dropped if still there ``CLOSE_TIMEOUT_S`` later.
 """
 
 from __future__ import annotations
@@ -145,6 +147,17 @@ class Member(WSListener):  # type: ignore[misc]
                 del self.relay.rooms[self.room]
         self.members = set()
 
+    def close_behind_later(self) -> None:
+        """Send close 1013 behind what the transport buffers; drop the connection if it
+        is still there after ``CLOSE_TIMEOUT_S``."""
+        assert self.transport is not None
+        self.transport.send_close(WSCloseCode.TRY_AGAIN_LATER, b"slow consumer")
+        self.relay.loop.call_later(CLOSE_TIMEOUT_S, self._drop)
+
+    def _drop(self) -> None:
+        if self.transport is not None and not self.transport.is_disconnected:
+            self.transport.disconnect(graceful=False)
+
     def _on_fragment(self, transport: WSTransport, frame: WSFrame) -> None:
         """A message in several frames: reassembled (up to ``max_message_bytes``), relayed."""
         kind = frame.msg_type
@@ -205,8 +218,7 @@ class PerFrameMember(Member):
         if transport.underlying_transport.get_write_buffer_size() <= MAX_OUTBOUND_BYTES:
             return False
         self.leave()
-        transport.send_close(WSCloseCode.TRY_AGAIN_LATER, b"slow consumer")
-        transport.disconnect(graceful=False)
+        self.close_behind_later()
         return True
 
 
@@ -240,14 +252,7 @@ class CoalescedMember(CoalescedWriter, Member):
 
     def _close_behind(self) -> None:
         self.relay.loop.call_soon(self.leave)  # relay_message may be iterating the room
-        transport = self.transport
-        assert transport is not None
-        transport.send_close(WSCloseCode.TRY_AGAIN_LATER, b"slow consumer")
-        self.relay.loop.call_later(CLOSE_TIMEOUT_S, self._drop)
-
-    def _drop(self) -> None:
-        if self.transport is not None and not self.transport.is_disconnected:
-            self.transport.disconnect(graceful=False)
+        self.close_behind_later()
 
 
 async def run_picows(host: str, port: int, coalesced: bool, max_message_bytes: int) -> int:
