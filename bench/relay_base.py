@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+_Member = TypeVar("_Member")
 
 #: the websocket path, as on the chat server
 WS_PATH = "/ws"
@@ -70,6 +72,15 @@ def frame_header(opcode: int, payload_bytes: int) -> bytes:
     return struct.pack("!BBQ", _FIN | opcode, 127, payload_bytes)
 
 
+def leave_room(rooms: dict[str, set[_Member]], room: str, member: _Member) -> None:
+    """Take ``member`` out of ``room``, and the room out of ``rooms`` once it is empty."""
+    members = rooms.get(room)
+    if members is not None and member in members:
+        members.discard(member)
+        if not members:
+            del rooms[room]
+
+
 class Flushable(Protocol):
     """A connection whose pending output :meth:`flush` writes in one write."""
 
@@ -104,9 +115,8 @@ class CoalescedWriter:
     """The write side of a floor relay's connection: frames pending for one write per
     iteration, bounded by :data:`MAX_OUTBOUND_BYTES` (see the module's docstring).
 
-    A subclass sets ``_flusher``, ``_tcp`` (once connected), ``_pending = []``,
-    ``_pending_bytes = 0``, ``_room_bytes = MAX_OUTBOUND_BYTES`` and ``_behind = False``,
-    and says how a member too far behind is closed (:meth:`_close_behind`).
+    A subclass calls :meth:`_init_writes` when it is made, sets ``_tcp`` once
+    connected, and says how a member too far behind is closed (:meth:`_close_behind`).
     """
 
     __slots__ = ()
@@ -119,6 +129,15 @@ class CoalescedWriter:
     _room_bytes: int
     #: closed with 1013: nothing more is queued
     _behind: bool
+
+    def _init_writes(self, flusher: IterationFlush) -> None:
+        """Nothing pending, nothing buffered, not connected yet."""
+        self._flusher = flusher
+        self._tcp = None
+        self._pending = []
+        self._pending_bytes = 0
+        self._room_bytes = MAX_OUTBOUND_BYTES
+        self._behind = False
 
     def queue(self, wire: bytes) -> None:
         """Append one framed message to this iteration's write, or close 1013 past the bound."""

@@ -50,6 +50,7 @@ from bench.relay_base import (
     CoalescedWriter,
     IterationFlush,
     frame_header,
+    leave_room,
 )
 from chat_server.runtime import on_stop_signals
 
@@ -140,11 +141,7 @@ class Member(WSListener):  # type: ignore[misc]
 
     def leave(self) -> None:
         """Leave the room (nothing more is relayed to this member)."""
-        members = self.members
-        if self in members:
-            members.discard(self)
-            if not members and self.relay.rooms.get(self.room) is members:
-                del self.relay.rooms[self.room]
+        leave_room(self.relay.rooms, self.room, self)
         self.members = set()
 
     def close_behind_later(self) -> None:
@@ -229,12 +226,7 @@ class CoalescedMember(CoalescedWriter, Member):
 
     def __init__(self, relay: PicowsRelay, room: str) -> None:
         super().__init__(relay, room)
-        self._flusher = relay.flusher
-        self._tcp: asyncio.Transport | None = None
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self._room_bytes = MAX_OUTBOUND_BYTES
-        self._behind = False
+        self._init_writes(relay.flusher)
 
     def on_ws_connected(self, transport: WSTransport) -> None:
         self._tcp = transport.underlying_transport

@@ -35,10 +35,10 @@ from bench.relay_base import (
     CLOSE_POLICY,
     CLOSE_TIMEOUT_S,
     CLOSE_TRY_AGAIN_LATER,
-    MAX_OUTBOUND_BYTES,
     WS_PATH,
     CoalescedWriter,
     IterationFlush,
+    leave_room,
 )
 from chat_server.runtime import on_stop_signals
 
@@ -90,12 +90,7 @@ class RelayConnection(CoalescedWriter, asyncio.Protocol):
         self.room = ""
         #: the room's members while this connection is one of them (else an empty set)
         self.members: set[RelayConnection] = set()
-        self._flusher = relay.flusher
-        self._tcp: asyncio.Transport | None = None
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
-        self._room_bytes = MAX_OUTBOUND_BYTES
-        self._behind = False
+        self._init_writes(relay.flusher)
         self._fragments: list[bytes] | None = None
         self._fragments_opcode = _TEXT
         self._drop: asyncio.TimerHandle | None = None
@@ -206,11 +201,7 @@ class RelayConnection(CoalescedWriter, asyncio.Protocol):
             self._drop = self.relay.loop.call_later(CLOSE_TIMEOUT_S, self.abort)
 
     def _leave(self) -> None:
-        members = self.members
-        if self in members:
-            members.discard(self)
-            if not members and self.relay.rooms.get(self.room) is members:
-                del self.relay.rooms[self.room]
+        leave_room(self.relay.rooms, self.room, self)
         self.members = set()
 
     def _close_behind(self) -> None:
