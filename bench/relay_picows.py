@@ -95,7 +95,7 @@ class PicowsRelay:
 
 class Member(WSListener):  # type: ignore[misc]
     """One connection: joins its room when upgraded, reassembles fragmented messages and
-    relays each message to the room (:meth:`relay`, as the subclass writes)."""
+    relays each message to the room (:meth:`relay_message`, as the subclass writes)."""
 
     def __init__(self, relay: PicowsRelay, room: str) -> None:
         super().__init__()
@@ -123,8 +123,9 @@ class Member(WSListener):  # type: ignore[misc]
             self.relay_message(kind, frame.get_payload_as_memoryview())
         elif kind is _CLOSE:
             self.leave()
-            self.flush()
-            transport.send_close(frame.get_close_code(), frame.get_close_message())
+            if not transport.is_close_frame_sent:  # else this ends our closing handshake
+                self.flush()
+                transport.send_close(frame.get_close_code(), frame.get_close_message())
             transport.disconnect()
         elif kind is _TEXT or kind is _BINARY or kind is _CONT:
             self._on_fragment(transport, frame)
