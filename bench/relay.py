@@ -1,14 +1,20 @@
-"""``python -m bench.relay``: a websocket relay doing the least work, to measure load generators.
+"""``python -m bench.relay``: websocket relays doing the least work, the transport alone.
 
-It serves ``ws://HOST:PORT/ws?room=NAME`` with no token, no codec and no store, and
-relays every frame it receives, verbatim (text as text, binary as binary), to every
-member of the sender's room, the sender included, with ``websockets.broadcast``
-(no backpressure; compression off unless ``--deflate on``, which accepts
-permessage-deflate as the chat server does). ``GET /healthz`` answers 200. Anything a load
-generator measures against it is the generator's own cost plus loopback: that is
-the ceiling the Locust load test (``--target relay``) can measure a chat server at.
-``--transport picows`` serves the same contract on picows (:mod:`bench.relay_picows`),
-which costs the relay less per frame: the ceiling of the lab's fast driver.
+Each serves ``ws://HOST:PORT/ws?room=NAME`` with no token, no codec and no store, and
+relays every message it receives, verbatim (text as text, binary as binary), to every
+member of the sender's room, the sender included; a message sent in several frames is
+relayed as one. ``GET /healthz`` answers 200, another path 404, ``/ws`` without
+``?room=`` is upgraded and closed with 1008. ``--transport`` picks the library,
+``--mode`` how frames are written: the transport's idiomatic API (the default:
+``recv-broadcast`` on websockets' asyncio server, ``per-frame-send`` on picows), or
+``coalesced``, each message framed once and one write per member per loop iteration,
+as the chat server writes (websockets: bench.relay_sansio, its sans-I/O protocol in
+an asyncio.Protocol; picows: bench.relay_picows): the transport's floor.
+
+A member too far behind is closed with 1013 rather than growing memory, except on
+``recv-broadcast``: it uses ``websockets.broadcast``, which has no backpressure and no
+bound (compression off unless ``--deflate on``, which accepts permessage-deflate as the
+chat server does; the other modes never negotiate it).
 
 Exit status: 0 after SIGTERM or SIGINT, 2 for a bad argument.
 """
@@ -26,6 +32,7 @@ from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from bench.relay_base import CLOSE_POLICY, DEFAULT_MODES, MAX_MESSAGE_BYTES, MODES, WS_PATH
 from chat_server.runtime import on_stop_signals, pin_cpus, raise_open_files_limit
 from chat_server.transport.websockets import permessage_deflate
 from chatlab.loops import loop_factory
@@ -33,14 +40,8 @@ from chatlab.settings import parse_core_list
 
 log = logging.getLogger("bench.relay")
 
-#: the websocket path, as on the chat server
-WS_PATH = "/ws"
-#: close code for a request without ``?room=`` (policy violation)
-CLOSE_POLICY = 1008
 #: connections the open-files limit is raised for
 MAX_CONNECTIONS = 10_000
-#: largest frame accepted (either transport)
-MAX_FRAME_BYTES = 2**20
 #: ``--transport`` values; websockets is the default
 TRANSPORTS = ("websockets", "picows")
 
@@ -95,7 +96,7 @@ async def run(host: str, port: int, deflate: bool = False) -> int:
         compression=None,
         extensions=[permessage_deflate()] if deflate else None,
         process_request=_process_request,
-        max_size=MAX_FRAME_BYTES,
+        max_size=MAX_MESSAGE_BYTES,
         ping_interval=None,
     ) as server:
         bound = ", ".join(f"{s.getsockname()[0]}:{s.getsockname()[1]}" for s in server.sockets)
@@ -110,6 +111,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.relay",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
+        epilog="modes (--mode):\n"
+        + "\n".join(
+            f"  {mode:<15} {what} [{', '.join(transports)}]"
+            for mode, (what, transports) in MODES.items()
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
     parser.add_argument("--port", type=int, default=8765, help="port to listen on [8765]")
@@ -131,15 +138,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="websocket library serving the relay [websockets]",
     )
     parser.add_argument(
+        "--mode",
+        choices=tuple(MODES),
+        default=None,
+        help="how frames are written (see modes below)"
+        " [recv-broadcast on websockets, per-frame-send on picows]",
+    )
+    parser.add_argument(
         "--deflate",
         choices=("on", "off"),
         default="off",
-        help="accept permessage-deflate as the chat server does (websockets only) [off]",
+        help="accept permessage-deflate as the chat server does (recv-broadcast only) [off]",
     )
     parser.add_argument("--log-level", default="info", help="logging level [info]")
     args = parser.parse_args(argv)
+    if args.mode is None:
+        args.mode = DEFAULT_MODES[args.transport]
+    if args.transport not in MODES[args.mode][1]:
+        parser.error(f"--mode {args.mode}: runs on {', '.join(MODES[args.mode][1])} only")
     if args.deflate == "on" and args.transport == "picows":
         parser.error("--deflate on: the picows relay has no permessage-deflate")
+    if args.deflate == "on" and args.mode != "recv-broadcast":
+        parser.error(
+            f"--deflate on: the {args.mode} relay frames each message once for every member"
+        )
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: allowed 0-65535")
     try:
@@ -165,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.transport == "picows":
             from bench.relay_picows import run_picows
 
-            return runner.run(run_picows(args.host, args.port))
+            coalesced = args.mode == "coalesced"
+            return runner.run(run_picows(args.host, args.port, coalesced, MAX_MESSAGE_BYTES))
+        if args.mode == "coalesced":
+            from bench.relay_sansio import run_sansio
+
+            return runner.run(run_sansio(args.host, args.port, MAX_MESSAGE_BYTES))
         return runner.run(run(args.host, args.port, deflate=args.deflate == "on"))
 
 

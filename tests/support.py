@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ __all__ = [
     "free_port",
     "note_answer",
     "opens_chat",
+    "running_relay",
     "stored_history",
 ]
 
@@ -185,3 +191,32 @@ async def stored_history(server: ServerProcess, token: str, room: str) -> list[A
         before = page.messages[0].seq
     await reader.close()
     return messages
+
+
+@contextmanager
+def running_relay(transport: str, deflate: str = "off", mode: str | None = None) -> Iterator[str]:
+    """``python -m bench.relay --transport TRANSPORT [--mode MODE]`` on a free port, once
+    /healthz answers; its websocket URL. Stopped (SIGTERM, which it must exit 0 on) after."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bench.relay", "--port", str(port)),
+            *("--transport", transport, "--deflate", deflate, "--log-level", "warning"),
+            *(("--mode", mode) if mode else ()),
+        ],
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                    assert r.status == 200
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "no relay"
+                time.sleep(0.05)
+        yield f"ws://127.0.0.1:{port}/ws"
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

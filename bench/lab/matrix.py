@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench.relay_base import DEFAULT_MODES, MODES
 from loadtest.profiles import PROFILES
 
 MATRICES_DIR = Path(__file__).resolve().parent.parent / "matrices"
@@ -188,6 +189,18 @@ def _load_table(data: dict[str, Any], where: str, base: Load | None = None) -> L
     return load
 
 
+def _check_relay_env(env: dict[str, str], where: str) -> None:
+    """A relay's ``TRANSPORT`` and ``RELAY_MODE`` (``bench.relay --mode``) fit together,
+    or :class:`MatrixError` says what is allowed."""
+    transport = env.get("TRANSPORT", "websockets")
+    if transport not in DEFAULT_MODES:
+        raise MatrixError(f"{where}: TRANSPORT {transport!r}: allowed {tuple(DEFAULT_MODES)}")
+    mode = env.get("RELAY_MODE", DEFAULT_MODES[transport])
+    allowed = [m for m, (_, transports) in MODES.items() if transport in transports]
+    if mode not in allowed:
+        raise MatrixError(f"{where}: RELAY_MODE {mode!r} on {transport}: allowed {allowed}")
+
+
 def load_matrix(name_or_path: str) -> Matrix:
     """Read a matrix by built-in name or path; :class:`MatrixError` says what is wrong."""
     path = Path(name_or_path)
@@ -219,6 +232,8 @@ def load_matrix(name_or_path: str) -> Matrix:
         config = Config(**raw)
         if config.target not in TARGETS:
             raise MatrixError(f"{where}: {name}: target {config.target!r}: allowed {TARGETS}")
+        if config.target == "relay":
+            _check_relay_env(config.env, f"{where}: {name}")
         if config.auth_mode not in AUTH_MODES:
             raise MatrixError(f"{where}: {name}: auth_mode {config.auth_mode!r}: {AUTH_MODES}")
         configs.append(config)

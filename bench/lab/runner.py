@@ -151,18 +151,25 @@ def busy_elsewhere_percent(seconds: float = 1.0) -> float:
 
 
 class RelayProcess(ServiceProcess):
-    """``python -m bench.relay`` (the bare websockets relay) pinned to ``cores``."""
+    """``python -m bench.relay`` pinned to ``cores``: on ``transport``, in ``mode`` (None:
+    the transport's default, see ``bench.relay_base.MODES``)."""
 
     module = "bench.relay"
 
     def __init__(
-        self, workdir: Path, cores: list[int], transport: str = "websockets", deflate: bool = False
+        self,
+        workdir: Path,
+        cores: list[int],
+        transport: str = "websockets",
+        deflate: bool = False,
+        mode: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.deflate = deflate
         self.port = free_port()
         self.cores = cores
         self.transport = transport
+        self.mode = mode
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.log_path = workdir / f"relay-{self.port}.log"
         self.proc = None
@@ -184,19 +191,10 @@ class RelayProcess(ServiceProcess):
             self.transport,
             "--deflate",
             "on" if self.deflate else "off",
+            *(("--mode", self.mode) if self.mode else ()),
             "--log-level",
             "warning",
         ]
-
-    def ready(self) -> bool:
-        """True once the relay accepts a TCP connection (the picows relay has no /healthz)."""
-        if self.transport == "websockets":
-            return super().ready()
-        import socket
-
-        with suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
-            return True
-        return False
 
     @property
     def url(self) -> str:
@@ -424,7 +422,8 @@ class Lab:
         if config.target == "relay":
             transport = config.env.get("TRANSPORT", "websockets")
             deflate = config.env.get("WS_DEFLATE") == "on"
-            relay = RelayProcess(workdir, self.server_cores, transport, deflate).start()
+            mode = config.env.get("RELAY_MODE")
+            relay = RelayProcess(workdir, self.server_cores, transport, deflate, mode).start()
             self._current.append(relay)
             return relay, 0
         assert self.auth is not None and self.keys is not None

@@ -13,9 +13,7 @@ import random
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +37,7 @@ from bench.lab.results import PERCENTILES, Step, TimePoint, stalled_points
 from chat_server.codecs import get_codec
 from chat_server.messages import Send
 from chatlab.harness import ROOT, KeyPair, ServerProcess, free_port
+from tests.support import running_relay
 
 #: a short run: 20 connections in rooms of 10, two 1 s steps
 SHORT_RUN = (
@@ -70,34 +69,6 @@ def run_driver(
         timeout=timeout_s,
         check=False,
     )
-
-
-@contextmanager
-def running_relay(transport: str, deflate: str = "off") -> Iterator[str]:
-    """``python -m bench.relay --transport TRANSPORT`` on a free port, once /healthz answers;
-    its websocket URL. Stopped (SIGTERM, which it must exit 0 on) after."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "bench.relay", "--port", str(port)),
-            *("--transport", transport, "--deflate", deflate, "--log-level", "warning"),
-        ],
-        cwd=ROOT,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                    assert r.status == 200
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "no relay"
-                time.sleep(0.05)
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
 
 
 @pytest.fixture(params=["websockets", "picows"])

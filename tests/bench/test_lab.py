@@ -181,6 +181,12 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
         ("[[config]]\nname='a'\nsame_as='z'\n", "same_as 'z'"),
         ("[[config]]\nname='a'\n[[config]]\nname='a'\n", "unique"),
         ("this is = = not toml", "tiny.toml"),
+        (
+            "[[config]]\nname='a'\ntarget='relay'\n"
+            "env={TRANSPORT='picows',RELAY_MODE='recv-broadcast'}\n",
+            "RELAY_MODE 'recv-broadcast' on picows",
+        ),
+        ("[[config]]\nname='a'\ntarget='relay'\nenv={TRANSPORT='h2'}\n", "TRANSPORT 'h2'"),
     ],
 )
 def test_a_bad_matrix_file_is_refused_naming_the_problem(
