@@ -81,6 +81,8 @@ def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) 
         ("locust", False),
     ]
     assert [s.name for s in pb_run.steps] == ["cost 150/s", "rate 100/s", "rate 200/s"]
+    # a step's name does not repeat its driver's ("locust locust profile smoke")
+    assert json_run.steps[-1].name == "profile smoke"
     # every fast step's window read the server's CPU and the machine around it
     for step in [s for s in json_run.steps + pb_run.steps if s.driver == "fast"]:
         assert step.window_s > 0.5 and step.server_cpu_s is not None and step.server_cpu_s > 0
