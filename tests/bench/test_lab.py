@@ -309,7 +309,8 @@ SPIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:
 
 
 def test_a_busy_machine_is_named_first_and_confirms_nothing(tmp_path: Path) -> None:
-    from bench.lab.ladder import findings, ladder
+    from bench.lab.findings import findings
+    from bench.lab.ladder import ladder
 
     matrix = tmp_path / "busy.toml"
     matrix.write_text(BUSY_MATRIX)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from bench.lab.findings import findings, floor_fraction
 from bench.lab.ladder import (
     CEILING_SHARE,
     DRIVER_CORE_PERCENT,
     compare,
     driver_ceiling,
-    findings,
-    floor_fraction,
     ladder,
 )
 from bench.lab.results import Results, Run, Step, edge

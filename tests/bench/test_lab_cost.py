@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.lab.ladder import findings, ladder, pairwise_floor
+from bench.lab.findings import findings
+from bench.lab.ladder import ladder, pairwise_floor
 from bench.lab.report import summary_table, write_report
 from bench.lab.results import Results, Run, Step, TimePoint, edge
 

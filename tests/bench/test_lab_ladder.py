@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.lab.ladder import compare, findings, ladder, noise_floor, rungs_of
+from bench.lab.findings import findings
+from bench.lab.ladder import compare, ladder, noise_floor, rungs_of
 from bench.lab.report import summary_table, write_report
 from bench.lab.results import Results, Run, Step, TimePoint, edge
 from tests.support import CHROMIUM, chromium_dom

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.lab.findings import findings, floor_fraction
 from bench.lab.ladder import (
     RESOLUTION,
     Comparison,
@@ -13,8 +14,6 @@ from bench.lab.ladder import (
     by_connections,
     compare,
     delivered_label,
-    findings,
-    floor_fraction,
     floor_text,
 )
 from bench.lab.plots import Plot, server_tail

@@ -8,7 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.lab.ladder import Ladder, profiling_sentence
+from bench.lab.findings import profiling_sentence
+from bench.lab.ladder import Ladder
 from bench.lab.plots import config_names
 from bench.lab.report.formatting import EMPTY, slug, value_text
 from bench.lab.report.model import Block, Code, Heading, Image, Para, Table, pipe_table
