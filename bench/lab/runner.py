@@ -686,8 +686,8 @@ def _locust_stages(load: Load) -> tuple[Any, ...]:
 #: said of every WS_DEFLATE=on configuration the fast driver runs against
 FAST_DRIVER_DEFLATE = (
     "The fast driver offers permessage-deflate as browsers do, so its steps here are "
-    "compressed both ways (its own ceiling with deflate, from `python -m bench.lab ceiling`, "
-    "is in the report's driver ceilings when it was measured)."
+    "compressed both ways; its ceiling at this shape, with deflate, is measured in the run "
+    "and drawn beside the knee in the capacity ladder."
 )
 
 
