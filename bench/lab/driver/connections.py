@@ -95,11 +95,19 @@ class Connection(WSListener):  # type: ignore[misc]
         self.send = transport.send
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        self.received(transport, frame, frame.get_payload_as_bytes())
+        """The hot path: keep a delivery's digits and receive time (_flush parses them);
+        anything else goes to :meth:`_other_frame`. It is :meth:`received` inlined (one
+        Python call fewer per frame)."""
+        payload = frame.get_payload_as_bytes()
+        at = payload.find(MARKER)
+        if at >= 0:
+            self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
+            self.record_received_ns(perf_counter_ns())
+            return
+        self._other_frame(transport, frame, payload)
 
     def received(self, transport: WSTransport, frame: WSFrame, payload: bytes) -> None:
-        """The hot path: keep a delivery's digits and receive time (_flush parses them);
-        anything else goes to :meth:`_other_frame`."""
+        """:meth:`on_ws_frame` for a payload already read (DeflateConnection inflates it)."""
         at = payload.find(MARKER)
         if at >= 0:
             self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])

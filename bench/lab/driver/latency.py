@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
@@ -106,8 +104,8 @@ def parse_times(digits: bytes) -> np.ndarray:
     return matrix @ _POWERS_OF_TEN
 
 
-def take_values(values: array[int]) -> np.ndarray:
+def take_values(values: list[int]) -> np.ndarray:
     """The values gathered so far, as an array; ``values`` is left empty (same object)."""
-    taken = np.frombuffer(values.tobytes(), dtype=np.int64)
+    taken = np.fromiter(values, dtype=np.int64, count=len(values))
     del values[:]
     return taken
