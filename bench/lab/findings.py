@@ -5,6 +5,8 @@ and why. No I/O."""
 
 from __future__ import annotations
 
+import statistics
+
 from bench.lab.ladder import (
     CEILING_SHARE,
     DASH,
@@ -95,17 +97,34 @@ def findings(found: Ladder) -> list[str]:
 
 
 def floor_fraction(rung: Rung, floor: Rung) -> str:
-    """``rung``'s knee and CPU per frame as fractions of its transport's ``floor``."""
+    """``rung``'s knee and CPU per frame as fractions of its transport's ``floor``: the
+    median of the repeat-by-repeat ratios, with their range when repeats differ."""
     parts = []
-    if floor.median > 0:
+    knees = [a / b for a, b in zip(rung.knees, floor.knees, strict=False) if b > 0]
+    if knees:
         bound = "≥ " if rung.lower_bound else "≤ " if floor.lower_bound else ""
-        parts.append(f"knee {bound}{rung.median / floor.median:.2f}")
+        parts.append(f"knee {bound}{_ratios(knees)}")
     for rate, cost in rung.costs.items():
         theirs = floor.costs.get(rate)
-        if cost.median and theirs is not None and theirs.median:
+        if theirs is None:
+            continue
+        ratios = [
+            a / b
+            for a, b in zip(cost.values, theirs.values, strict=False)
+            if a is not None and b is not None and b > 0
+        ]
+        if ratios:
             where = delivered_label(rate, rung.room_size)
-            parts.append(f"CPU per frame {cost.median / theirs.median:.2f} at {where}")
+            parts.append(f"CPU per frame {_ratios(ratios)} at {where}")
     return ", ".join(parts) or DASH
+
+
+def _ratios(ratios: list[float]) -> str:
+    """``0.81 (0.78-0.84)`` (an en dash between): the median ratio and its range."""
+    median = statistics.median(ratios)
+    low, high = min(ratios), max(ratios)
+    spread = f" ({low:.2f}{DASH}{high:.2f})" if f"{low:.2f}" != f"{high:.2f}" else ""
+    return f"{median:.2f}{spread}"
 
 
 def _floor_findings(found: Ladder) -> list[str]:

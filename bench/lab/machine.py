@@ -176,15 +176,23 @@ def cores_busy_s(cores: Sequence[int]) -> float:
     return total
 
 
-def tree_cpu_s(root: psutil.Process | None) -> float:
-    """CPU seconds (user + system) of ``root`` and its living descendants so far."""
+def tree_cpu_s(root: psutil.Process | None, *, whole: bool = False) -> float:
+    """CPU seconds (user + system) of ``root`` and its living descendants so far, from
+    their threads' nanosecond counters (:func:`process_cpu_s`). With ``whole``, from the
+    kernel's per-process totals instead (10-ms ticks), which also hold the time of
+    threads that have ended and of children already reaped: what "ours" must count, so
+    that a thread or a driver ending inside a window never reads as another process."""
     if root is None:
         return 0.0
     total = 0.0
     with suppress(psutil.Error):
         for proc in [root, *root.children(recursive=True)]:
             with suppress(psutil.Error):
-                total += process_cpu_s(proc)
+                if whole:
+                    t = proc.cpu_times()
+                    total += t.user + t.system + t.children_user + t.children_system
+                else:
+                    total += process_cpu_s(proc)
     return total
 
 
@@ -192,9 +200,9 @@ def others_load_over(seconds: float, ours: psutil.Process | None = None) -> Mach
     """What processes outside ``ours``' tree (this process' by default) and the host's
     steal took over the next ``seconds``."""
     ours = ours or psutil.Process()
-    host0, ours0, t0 = read_host(), tree_cpu_s(ours), time.monotonic()
+    host0, ours0, t0 = read_host(), tree_cpu_s(ours, whole=True), time.monotonic()
     time.sleep(seconds)
-    host1, ours1, t1 = read_host(), tree_cpu_s(ours), time.monotonic()
+    host1, ours1, t1 = read_host(), tree_cpu_s(ours, whole=True), time.monotonic()
     return MachineLoad.over(
         t1 - t0, (host1.busy_s - host0.busy_s) - (ours1 - ours0), host1.steal_s - host0.steal_s
     )

@@ -73,7 +73,7 @@ class Sampler:
 
     def _sample_host(self, before: tuple[float, Any, float]) -> tuple[float, Any, float]:
         """Append the machine's load since ``before``; the counters now."""
-        now = (time.monotonic(), read_host(), tree_cpu_s(self._lab))
+        now = (time.monotonic(), read_host(), tree_cpu_s(self._lab, whole=True))
         load = MachineLoad.over(
             now[0] - before[0],
             (now[1].busy_s - before[1].busy_s) - (now[2] - before[2]),
@@ -92,7 +92,7 @@ class Sampler:
     def _loop(self) -> None:
         pin_this_thread(self.cores)
         next_at = time.monotonic()
-        host_before = (next_at, read_host(), tree_cpu_s(self._lab))
+        host_before = (next_at, read_host(), tree_cpu_s(self._lab, whole=True))
         while not self._stop.is_set():
             host_before = self._sample_host(host_before)
             with self._lock:

@@ -273,4 +273,4 @@ def test_the_run_writes_its_current_figures_table_stamped(report: tuple[Path, st
     assert row == f"| {OFF} | {knee} | {cost} |"
     for stamp in ("**Commit:**", "**Machine:**", "**Around it:**", "**Date:** 2026-11-26"):
         assert stamp in figures
-    assert "**Regenerate:** `python -m bench.lab run --matrix demo`" in figures
+    assert "**Regenerate** (one command): `python -m bench.lab run --matrix demo`" in figures

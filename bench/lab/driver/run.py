@@ -30,7 +30,7 @@ from bench.lab.driver.connections import (
 from bench.lab.driver.frames import decode_frame, frame_kind_reader, send_frame
 from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
-from bench.lab.machine import HostTimes, cores_busy_s, process_cpu_s, read_host, tree_cpu_s
+from bench.lab.machine import HostTimes, cores_busy_s, read_host, tree_cpu_s
 from bench.lab.results import Step, TimePoint
 from chat_server.codecs import get_codec
 from chat_server.messages import Join
@@ -437,9 +437,9 @@ class Driver:
         CPU seconds of everything that is not "other processes", the host's counters."""
         server = tree_cpu_s(self.server) if self.server is not None else None
         if self.lab is not None:
-            ours = tree_cpu_s(self.lab)
+            ours = tree_cpu_s(self.lab, whole=True)
         else:
-            ours = (server or 0.0) + process_cpu_s(self.process)
+            ours = tree_cpu_s(self.server, whole=True) + tree_cpu_s(self.process, whole=True)
         return time.monotonic(), server, ours, read_host()
 
     @staticmethod

@@ -56,6 +56,23 @@ def figures_markdown(results: Results, found: Ladder | None) -> str:
         f"- **Shape:** {connections} connections in rooms of {room}; knees by the fast "
         "driver's climb to fan-out p99 < 100 ms with nothing lost; CPU per frame at fixed "
         "offered loads over each step's window",
-        f"- **Regenerate:** `{results.command}`",
+        f"- **Regenerate** (one command): `{_without_out(results.command)}`",
     ]
     return "\n".join(lines) + "\n\n" + "\n".join(stamp) + "\n"
+
+
+def _without_out(command: str) -> str:
+    """``command`` without its ``--out DIR`` (a local path, not part of what to run)."""
+    words = command.split()
+    kept = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word == "--out":
+            skip = True
+            continue
+        if not word.startswith("--out="):
+            kept.append(word)
+    return " ".join(kept)
