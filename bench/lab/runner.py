@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from bench.lab.driver.config import DriverArgs
+from bench.lab.machine import busy_reasons, is_busy, others_load_over
 from bench.lab.matrix import Config, Load, Matrix
 from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint, edge, parse_slo
 from bench.lab.sampler import Sampler
@@ -116,38 +117,21 @@ def machine_facts() -> dict[str, Any]:
 def git_commit() -> str:
     """The checkout's commit (short), with ``+changes`` when its files differ from it;
     "" outside a git checkout."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            check=False,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-    except OSError:
-        return ""
-    if head.returncode != 0:
-        return ""
-    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+            )
+        except OSError:
+            return None
 
-def busy_elsewhere_percent(seconds: float = 1.0) -> float:
-    """CPU% (of one core) used by processes other than this one and its children, right now."""
-    before = psutil.cpu_times()
-    mine = psutil.Process().cpu_times()
-    time.sleep(seconds)
-    after = psutil.cpu_times()
-    mine_after = psutil.Process().cpu_times()
-    busy = (after.user + after.system + after.nice) - (before.user + before.system + before.nice)
-    own = (mine_after.user + mine_after.system) - (mine.user + mine.system)
-    return max(0.0, (busy - own) / seconds * 100)
+    head = git("rev-parse", "--short", "HEAD")
+    if head is None or head.returncode != 0:
+        return ""
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    changed = dirty is not None and bool(dirty.stdout.strip())
+    return head.stdout.strip() + ("+changes" if changed else "")
 
 
 class RelayProcess(ServiceProcess):
@@ -725,14 +709,14 @@ def run_matrix(
     facts = machine_facts()
     facts["server_cores"] = server_cores
     facts["generator_cores"] = generator_cores
-    busy = busy_elsewhere_percent()
-    facts["busy_elsewhere_percent_at_start"] = round(busy, 1)
-    if busy > 25:
-        log.warning(
-            "other processes use %.0f%% of a core: measurements will be noisy "
-            "(a load measurement should own the machine)",
-            busy,
-        )
+    at_start = others_load_over(1.0)
+    if at_start is not None:
+        facts["busy_elsewhere_percent_at_start"] = round(at_start.others_percent, 1)
+        if is_busy(at_start):
+            log.warning(
+                "%s: measurements will be noisy (a load measurement should own the machine)",
+                "; ".join(busy_reasons(at_start)),
+            )
     results = Results(
         matrix=matrix.name,
         started=datetime.now().isoformat(timespec="seconds"),

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.lab.ladder import ladder
 from bench.lab.plots import draw_all
-from bench.lab.report.analysis import analyse
+from bench.lab.report.analysis import Analysis, analyse
 from bench.lab.report.figures import figures_markdown
 from bench.lab.report.model import Block
 from bench.lab.report.render import to_html, to_markdown
@@ -24,9 +23,11 @@ from bench.lab.report.sections_server import capacity_blocks, metrics_blocks, pr
 from bench.lab.results import Results
 
 
-def report_blocks(results: Results, out_dir: Path, profiles_dir: Path | None = None) -> list[Block]:
+def report_blocks(
+    analysis: Analysis, out_dir: Path, profiles_dir: Path | None = None
+) -> list[Block]:
     """Every section of the report, drawing its PNGs under ``out_dir/plots``."""
-    analysis = analyse(results)
+    results = analysis.results
     plots = draw_all(results, out_dir / "plots")
     title, *header = header_blocks(results)
     return [
@@ -57,12 +58,13 @@ def write_report(
     Returns the two documents' paths; the HTML needs no other file.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    blocks = report_blocks(results, out_dir, profiles_dir)
+    analysis = analyse(results)
+    blocks = report_blocks(analysis, out_dir, profiles_dir)
     md_path = out_dir / "report.md"
     html_path = out_dir / "report.html"
     md_path.write_text(to_markdown(blocks), encoding="utf-8")
     html_path.write_text(to_html(blocks, f"Lab report: {results.matrix}"), encoding="utf-8")
-    figures = figures_markdown(results, ladder(results))
+    figures = figures_markdown(results, analysis.ladder)
     if figures:
         (out_dir / "figures.md").write_text(figures, encoding="utf-8")
     return md_path, html_path
