@@ -7,10 +7,11 @@ rules live in :mod:`chat_server.core`. Its parts are built by
 :mod:`chat_server.wiring` and passed in; nothing here asks which backend is in use.
 
 The way out is one-way: the store reports each committed batch to
-:meth:`~ChatService.committed`; with one process the service then delivers each
-message through the core and acks it, and with ``BROKER=redis`` the messages come
-back through the broker and :class:`~chat_server.shared.SharedRooms` acks each send
-once its message is delivered here.
+:meth:`~ChatService.committed`, which hands it to the
+:class:`~chat_server.delivery.base.Delivery`: with one process it delivers each
+message through the core and acks it; with rooms shared through a broker the
+messages come back through the broker and each send is acked once its message is
+delivered here. The delivery never calls the service: it answers.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import dataclasses
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +29,10 @@ from chat_server.broker.base import Broker
 from chat_server.codecs.base import Codec
 from chat_server.core.chat import ChatCore, CloseConnection, SendFrame, Session
 from chat_server.core.idempotency import RecentSends
+from chat_server.delivery.base import Delivery, Payload
 from chat_server.errors import BrokerUnavailable, ChatError, ErrorCode, ProtocolError, StoreError
 from chat_server.messages import History, HistoryRequest, Join, Leave, Message, Send
 from chat_server.metrics import Counters
-from chat_server.shared import Frame, SharedRooms
 from chat_server.store.base import BatchResult, HistoryStore, StoreStats
 
 log = logging.getLogger("chat_server")
@@ -54,7 +54,7 @@ class Worker:
 class ChatService:
     """One process's chat: sessions, rooms, durable history and fan-out.
 
-    ``shared`` builds the shared rooms' rules, with ``BROKER=redis`` only.
+    ``delivery`` delivers what the store commits (here or through the broker).
     ``blocking_send_s`` is REGRESSION=blocking_loop's stall before each send (0: none).
     ``release`` is awaited after the store and broker close, or when they fail to
     start (the Redis client both share).
@@ -67,11 +67,11 @@ class ChatService:
         core: ChatCore,
         store: HistoryStore,
         broker: Broker,
+        delivery: Delivery,
         counters: Counters,
         recent_sends: RecentSends,
         worker: Worker,
         max_history_bytes: int,
-        shared: Callable[[ChatService], SharedRooms] | None = None,
         blocking_send_s: float = 0.0,
         release: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
@@ -79,6 +79,7 @@ class ChatService:
         self.core = core
         self.store = store
         self.broker = broker
+        self.delivery = delivery
         self.counters = counters
         self.recent_sends = recent_sends
         self.worker = worker
@@ -88,22 +89,17 @@ class ChatService:
         self._paced: dict[Session, SendPaced] = {}
         self._replays: dict[tuple[Session, str], asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.shared = None if shared is None else shared(self)
+        self._gate = delivery.gate
         self._blocking_send_s = blocking_send_s
         self._release = release
-        # chosen once here: the handler of each message kind, and what a commit leads to
+        # chosen once here: the handler of each message kind
         self._handlers: dict[type, Callable[[Session, Any], None]] = {
             Send: self._send if not blocking_send_s else self._send_blocking,
-            Join: self.join_now if self.shared is None else self.shared.join,
+            Join: self._join,
             Leave: self._leave,
             HistoryRequest: self._history,
         }
-        self._committed = self._deliver_and_ack if self.shared is None else self.shared.committed
-        #: sessions whose frames wait behind a join (always empty with one process)
-        self._held: dict[Session, deque[Frame]] = {} if self.shared is None else self.shared.held
         store.report_to(self.committed)
-        if self.shared is not None:
-            broker.report_to(self.shared)
 
     async def start(self) -> None:
         """Open the history store and the broker; StoreError or BrokerUnavailable if unreachable."""
@@ -130,12 +126,11 @@ class ChatService:
         """Forget a connection that closed, for whatever reason."""
         self.core.close_session(session)
         self._paced.pop(session, None)
-        if self.shared is not None:
-            self.shared.forget(session)
+        self.delivery.forget(session)
         for room in list(session.rooms):
             self._cancel_replay(session, room)
 
-    def on_frame(self, session: Session, frame: Frame) -> None:
+    def on_frame(self, session: Session, frame: Payload) -> None:
         """Handle one received frame: rate limit, decode, dispatch; errors become frames.
 
         A frame sent while the session's join waits for the broker waits behind it.
@@ -147,12 +142,10 @@ class ChatService:
         if not core.allow_frame(session, time.monotonic()):
             core.rate_limited(session, time.monotonic(), self._ref_of(frame))
             return
-        if self._held and session in self._held:
-            self.shared.hold(session, frame)  # type: ignore[union-attr]
-            return
-        self.dispatch(session, frame)
+        if self._gate(session, frame):
+            self.dispatch(session, frame)
 
-    def dispatch(self, session: Session, frame: Frame) -> None:
+    def dispatch(self, session: Session, frame: Payload) -> None:
         """Decode one frame that drew its allowance and run its handler; errors become frames."""
         try:
             message = self.decode(frame)
@@ -163,7 +156,7 @@ class ChatService:
             log.exception("internal error while handling a frame from %s", session.user)
             self.core.fail(session, ProtocolError(ErrorCode.INTERNAL, "the server failed"))
 
-    def _ref_of(self, frame: Frame) -> str | None:
+    def _ref_of(self, frame: Payload) -> str | None:
         """The ``ref`` of a refused frame that is a ``send`` (None otherwise): the client
         learns which send to retry. Decoding here costs only frames already refused."""
         try:
@@ -217,12 +210,44 @@ class ChatService:
         time.sleep(self._blocking_send_s)
         self._send(session, message)
 
-    def join_now(self, session: Session, message: Join) -> None:
-        """Join a room the broker holds; replay from ``since`` when asked."""
+    def _join(self, session: Session, message: Join) -> None:
+        """Join now when the room is ready; else wait for it, the session's frames held."""
+        if self.delivery.join_ready(session, message):
+            self._join_now(session, message)
+        else:
+            self.spawn(self._join_when_ready(session, message))
+
+    def _join_now(self, session: Session, message: Join) -> None:
+        """Join a ready room; replay from ``since`` when asked."""
         if self.core.join(session, message):
             self._cancel_replay(session, message.room)
             task = self.spawn(self._replay(session, message.room, message.since or 0))
             self._replays[(session, message.room)] = task
+
+    async def _join_when_ready(self, session: Session, message: Join) -> None:
+        """Wait for the room, join it, then handle the frames held meanwhile, in order."""
+        room = message.room
+        try:
+            await self.delivery.prepare(room)
+            if not session.closed:
+                self._join_now(session, message)
+        except BrokerUnavailable as exc:
+            log.info("join of %s by %s refused: %s", room, session.user, exc)
+            if not session.closed:
+                self.core.fail(session, ProtocolError(ErrorCode.UNAVAILABLE, f"cannot join: {exc}"))
+        except ProtocolError as exc:
+            self.core.fail(session, exc)
+        except Exception:
+            log.exception("internal error while %s joined %s", session.user, room)
+            self.core.fail(session, ProtocolError(ErrorCode.INTERNAL, "the server failed"))
+        finally:
+            held = self.delivery.joined(session, room)
+            gate = self._gate
+            # a held join may wait again: the gate then holds the frames after it
+            while held and not session.closed:
+                frame = held.popleft()
+                if gate(session, frame):
+                    self.dispatch(session, frame)
 
     def _leave(self, session: Session, message: Leave) -> None:
         self.core.leave(session, message)
@@ -242,25 +267,8 @@ class ChatService:
             for message, session in result.items:
                 core.store_failed(session, message, error)
         else:
-            self._committed(result.items)
+            self.delivery.committed(result.items)
         self._remember_outcomes(result)
-
-    def _deliver_and_ack(self, items: list[tuple[Message, Session]]) -> None:
-        """One process: deliver each committed message through the core, then ack it."""
-        deliver = self.core.deliver
-        ack = self.core.ack
-        counters = self.counters
-        observe_ack = counters.observe_ack_latency_ms
-        observe_delivery = counters.delivery_latency.observe
-        # the transports write each connection's frames of this batch together, once
-        # the loop iteration ends: one clock reading serves the whole batch
-        now_ms = time.time_ns() / 1e6
-        for message, session in items:
-            deliver(message)
-            latency_ms = now_ms - message.ts
-            observe_delivery(latency_ms)
-            observe_ack(latency_ms)
-            ack(session, message)
 
     # ---- idempotent sends: a ref repeated with the same body is answered, not stored -----
 
@@ -377,8 +385,7 @@ class ChatService:
         """Refuse new sends, then commit what was accepted and deliver its messages and acks."""
         self.draining = True
         await self.store.flush()
-        if self.shared is not None:
-            await self.shared.drain()
+        await self.delivery.drain()
 
     async def close(self) -> None:
         """Stop background work and close the store and broker."""
@@ -403,7 +410,6 @@ class ChatService:
             "worker": {"pid": os.getpid(), "index": self.worker.index, "id": self.worker.id},
             "sends_remembered": len(self.recent_sends),
             "repeated_sends": self.recent_sends.repeats,
+            **self.delivery.stats(),
         }
-        if self.shared is not None:
-            stats.update(self.shared.stats())
         return stats
