@@ -51,17 +51,20 @@ class _Backend:
 def build_service(
     settings: Settings,
     codec: Codec,
+    regression: Regression | None = None,
     *,
     worker_index: int | None = None,
     writer_hook: WriterThreadHook | None = None,
 ) -> ChatService:
     """The service ``settings`` describe, not started yet (``await service.start()``).
 
+    ``regression`` is ``Regression.of(settings)`` when the caller has it already;
     ``worker_index`` is this process' place among ``WORKERS`` (None when it runs
     alone); ``writer_hook`` (``PROFILE=cprofile``) runs on the SQLite writer thread.
     """
     worker = Worker(worker_index, f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
-    regression = Regression.of(settings)
+    if regression is None:
+        regression = Regression.of(settings)
     counters = Counters()
     if settings.broker == "redis":
         backend = _redis_backend(settings, worker, regression, counters)
