@@ -17,11 +17,12 @@ delivered here. The delivery never calls the service: it answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,13 @@ from chat_server.codecs.base import Codec
 from chat_server.core.chat import ChatCore, CloseConnection, SendFrame, Session
 from chat_server.core.idempotency import RecentSends
 from chat_server.delivery.base import Delivery, Payload
-from chat_server.errors import BrokerUnavailable, ChatError, ErrorCode, ProtocolError, StoreError
+from chat_server.errors import (
+    BrokerUnavailable,
+    ChatError,
+    ProtocolError,
+    StoreError,
+    Unavailable,
+)
 from chat_server.messages import History, HistoryRequest, Join, Leave, Message, Send
 from chat_server.metrics import Counters
 from chat_server.store.base import BatchResult, HistoryStore, StoreStats
@@ -142,7 +149,12 @@ class ChatService:
         if not core.allow_frame(session, time.monotonic()):
             core.rate_limited(session, time.monotonic(), self._ref_of(frame))
             return
-        if self._gate(session, frame):
+        try:
+            handle_now = self._gate(session, frame)
+        except ChatError as exc:
+            self.core.fail(session, exc)
+            return
+        if handle_now:
             self.dispatch(session, frame)
 
     def dispatch(self, session: Session, frame: Payload) -> None:
@@ -150,11 +162,26 @@ class ChatService:
         try:
             message = self.decode(frame)
             self._handlers[type(message)](session, message)
-        except ProtocolError as exc:
+        except ChatError as exc:
             self.core.fail(session, exc)
         except Exception:
             log.exception("internal error while handling a frame from %s", session.user)
-            self.core.fail(session, ProtocolError(ErrorCode.INTERNAL, "the server failed"))
+            self.core.fail(session, ChatError("the server failed"))
+
+    @contextlib.contextmanager
+    def _answering(self, session: Session, doing: str) -> Iterator[None]:
+        """The edge of a background task for ``session``: a :class:`ChatError` raised
+        inside becomes its error frame; anything else is logged and answered ``internal``."""
+        try:
+            yield
+        except ChatError as exc:
+            log.info("%s for %s failed: %s", doing, session.user, exc)
+            if not session.closed:
+                self.core.fail(session, exc)
+        except Exception:
+            log.exception("internal error in %s for %s", doing, session.user)
+            if not session.closed:
+                self.core.fail(session, ChatError("the server failed"))
 
     def _ref_of(self, frame: Payload) -> str | None:
         """The ``ref`` of a refused frame that is a ``send`` (None otherwise): the client
@@ -190,13 +217,14 @@ class ChatService:
     def _send(self, session: Session, message: Send) -> None:
         stored = self.core.accept_send(session, message, time.time_ns() // 1_000_000)
         if self.draining:
-            raise ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down", message.ref)
+            raise Unavailable("server is shutting down", message.ref)
         if stored.ref is not None and self._answer_repeat(session, stored):
             return
         try:
             self.store.submit(stored, session)
         except StoreError as exc:
-            raise ProtocolError(exc.code, str(exc), message.ref) from None
+            exc.ref = message.ref  # the send the refusal answers
+            raise
         if stored.ref is not None:
             self.recent_sends.submitted(stored)
 
@@ -228,26 +256,22 @@ class ChatService:
         """Wait for the room, join it, then handle the frames held meanwhile, in order."""
         room = message.room
         try:
-            await self.delivery.prepare(room)
-            if not session.closed:
-                self._join_now(session, message)
-        except BrokerUnavailable as exc:
-            log.info("join of %s by %s refused: %s", room, session.user, exc)
-            if not session.closed:
-                self.core.fail(session, ProtocolError(ErrorCode.UNAVAILABLE, f"cannot join: {exc}"))
-        except ProtocolError as exc:
-            self.core.fail(session, exc)
-        except Exception:
-            log.exception("internal error while %s joined %s", session.user, room)
-            self.core.fail(session, ProtocolError(ErrorCode.INTERNAL, "the server failed"))
+            with self._answering(session, f"the join of {room}"):
+                try:
+                    await self.delivery.prepare(room)
+                except BrokerUnavailable as exc:
+                    raise Unavailable(f"cannot join: {exc}") from exc
+                if not session.closed:
+                    self._join_now(session, message)
         finally:
             held = self.delivery.joined(session, room)
             gate = self._gate
             # a held join may wait again: the gate then holds the frames after it
             while held and not session.closed:
                 frame = held.popleft()
-                if gate(session, frame):
-                    self.dispatch(session, frame)
+                with self._answering(session, "a frame held behind a join"):
+                    if gate(session, frame):
+                        self.dispatch(session, frame)
 
     def _leave(self, session: Session, message: Leave) -> None:
         self.core.leave(session, message)
@@ -261,14 +285,16 @@ class ChatService:
 
     def committed(self, result: BatchResult) -> None:
         """One batch's outcome, in commit order: deliver and ack, or tell each sender why not."""
-        if result.error is not None:
-            error = ProtocolError(result.error.code, f"not stored: {result.error}")
-            core = self.core
-            for message, session in result.items:
-                core.store_failed(session, message, error)
-        else:
+        if result.error is None:
             self.delivery.committed(result.items)
-        self._remember_outcomes(result)
+            self._remember_outcomes(result, None)
+            return
+        # one answer for the whole batch: each sender hears it with its own ref
+        error = ProtocolError(result.error.code, f"not stored: {result.error}")
+        core = self.core
+        for message, session in result.items:
+            core.store_failed(session, message, error)
+        self._remember_outcomes(result, error)
 
     # ---- idempotent sends: a ref repeated with the same body is answered, not stored -----
 
@@ -284,17 +310,17 @@ class ChatService:
             earlier.wait(session)  # answered with the original's outcome
         return True
 
-    def _remember_outcomes(self, result: BatchResult) -> None:
-        """Record the batch's seqs for its refs; answer the repeats that waited for them."""
+    def _remember_outcomes(self, result: BatchResult, error: ChatError | None) -> None:
+        """Record the batch's seqs for its refs; answer the repeats that waited for them
+        (with ``error`` when the batch failed)."""
         recent = self.recent_sends
         core = self.core
-        if result.error is None:
+        if error is None:
             for message, _ in result.items:
                 if message.ref is not None:
                     for session in recent.committed(message):
                         core.ack(session, message)
             return
-        error = ProtocolError(result.error.code, f"not stored: {result.error}")
         for message, _ in result.items:
             if message.ref is not None:
                 for session in recent.failed(message):
@@ -317,10 +343,20 @@ class ChatService:
 
     async def _replay(self, session: Session, room: str, since: int) -> None:
         """Send stored messages after ``since`` at the client's reading pace, then go live."""
-        encode = self.codec.encode_server
         send_paced = self._paced.get(session)
+        try:
+            with self._answering(session, f"the replay of {room}"):
+                await self._replay_pages(session, room, since, send_paced)
+        finally:
+            if self._replays.get((session, room)) is asyncio.current_task():
+                del self._replays[(session, room)]
+
+    async def _replay_pages(
+        self, session: Session, room: str, cursor: int, send_paced: SendPaced | None
+    ) -> None:
+        """Page through the store from ``cursor`` until the live stream has caught up."""
+        encode = self.codec.encode_server
         last_seq = self.core.last_seq
-        cursor = since
         try:
             while send_paced is not None and not self.core.replay_caught_up(session, room, cursor):
                 page = await self.store.after(room, cursor, REPLAY_PAGE)
@@ -335,12 +371,7 @@ class ChatService:
                     await send_paced(encode(stored))
                 cursor = page[-1].seq
         except (ChatError, ConnectionError) as exc:
-            log.info("replay of %s for %s stopped: %s", room, session.user, exc)
-            if not session.closed:
-                self.core.fail(session, ProtocolError(ErrorCode.UNAVAILABLE, "replay failed"))
-        finally:
-            if self._replays.get((session, room)) is asyncio.current_task():
-                del self._replays[(session, room)]
+            raise Unavailable("replay failed") from exc
 
     def _cancel_replay(self, session: Session, room: str) -> None:
         task = self._replays.pop((session, room), None)
@@ -351,15 +382,13 @@ class ChatService:
         self, session: Session, room: str, before: int | None, limit: int
     ) -> None:
         """Read a page and send it, cut from the oldest end to fit ``MAX_HISTORY_BYTES``."""
-        try:
-            page = await self.store.history(room, before, limit)
-        except StoreError as exc:
-            self.core.fail(session, ProtocolError(exc.code, f"history not read: {exc}"))
-            return
-        if session.closed:
-            return
-        frame = self.history_frame(room, page)
-        session.send(frame)
+        with self._answering(session, f"the history of {room}"):
+            try:
+                page = await self.store.history(room, before, limit)
+            except StoreError as exc:
+                raise ProtocolError(exc.code, f"history not read: {exc}") from exc
+            if not session.closed:
+                session.send(self.history_frame(room, page))
 
     def history_frame(self, room: str, page: list[Message]) -> bytes:
         """Encode a history reply holding the newest messages of ``page`` that fit the limit."""

@@ -47,8 +47,8 @@ class Delivery(ABC):
 
     @abstractmethod
     def gate(self, session: Session, payload: Payload) -> bool:
-        """True when the frame is handled now; False when it waits behind a join (or was
-        refused because too many wait)."""
+        """True when the frame is handled now; False when it waits behind a join.
+        Raises :class:`~chat_server.errors.Unavailable` when too many wait."""
 
     def forget(self, session: Session) -> None:  # noqa: B027 (nothing held by default)
         """The session closed: drop what was kept for it."""

@@ -23,7 +23,7 @@ from chat_server.broker.base import Broker
 from chat_server.core.chat import ChatCore, Session
 from chat_server.core.validation import check_room, check_since
 from chat_server.delivery.base import Delivery, Payload
-from chat_server.errors import ErrorCode, ProtocolError
+from chat_server.errors import Unavailable
 from chat_server.messages import Join, Message
 from chat_server.metrics import Counters
 
@@ -84,16 +84,14 @@ class SharedDelivery(Delivery):
         return self.held.pop(session, None) or deque()
 
     def gate(self, session: Session, payload: Payload) -> bool:
-        """Hold a frame sent while the session's join waits (``unavailable`` past the bound)."""
+        """Hold a frame sent while the session's join waits; :class:`Unavailable` past the
+        bound."""
         held = self.held.get(session)
         if held is None:
             return True
         if len(held) >= HELD_FRAMES_MAX:
-            self.core.fail(
-                session, ProtocolError(ErrorCode.UNAVAILABLE, "too many frames in a join")
-            )
-        else:
-            held.append(payload)
+            raise Unavailable("too many frames in a join")
+        held.append(payload)
         return False
 
     def forget(self, session: Session) -> None:
