@@ -471,6 +471,36 @@ async def test_a_checkpoint_starved_of_idle_time_is_raised_to_normal_priority(
     assert store.checkpointer.idle
 
 
+async def test_sends_held_by_a_wal_restart_are_committed_when_it_lets_go(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, recorder = await open_store()
+    taken, let_go = threading.Event(), threading.Event()
+
+    def restart() -> None:  # as the checkpointer holds the commits to restart the WAL
+        with store.checkpointer._commit_hold.held_by_checkpointer():
+            taken.set()
+            let_go.wait(30)
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        assert taken.wait(30)
+        held = [make_message(body=f"held {i}") for i in range(3)]
+        for message in held:
+            store.submit(message, None)
+        await asyncio.sleep(0.05)  # iterations pass: nothing commits while it holds
+        assert [m.seq for m in held] == [0, 0, 0]
+        assert recorder.results == []
+    finally:
+        let_go.set()
+        await asyncio.to_thread(thread.join)
+    # no other send comes: letting go is what resumes them
+    await wait_until(lambda: held[-1].seq == 3)
+    assert [m.seq for m in held] == [1, 2, 3]
+    assert stored_seqs(db_path) == [1, 2, 3]
+
+
 async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
     open_store: StoreFactory, db_path: Path
 ) -> None:
