@@ -329,13 +329,12 @@ class Checkpointer:
         what came in during the one before, until one is short (``SHORT_PASS_S``); then,
         at normal priority and holding the commits (``commit_hold``: a commit on the loop
         that finds it held waits in the store's list, the loop itself goes on, and it
-        resumes when this lets go), a
-        ``RESTART`` checkpoint copies the few frames the last pass let in, and a one-page
-        write (``PRAGMA user_version``, unchanged) restarts the WAL here. That write also
-        syncs the new WAL header (otherwise the loop's first commit after the restart
-        would), and cuts a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth
-        back to that. An outside reader or writer in the way makes it give up until the
-        next time.
+        resumes when this lets go), a ``RESTART`` checkpoint copies the few frames the
+        last pass let in, and a one-page write (``PRAGMA user_version``, unchanged)
+        restarts the WAL here. That write also syncs the new WAL header (otherwise the
+        loop's first commit after the restart would), and cuts a file grown past
+        ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth back to that. An outside reader or
+        writer in the way makes it give up until the next time.
         """
         try:
             for _ in range(RESTART_PASSES_MAX):
