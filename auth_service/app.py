@@ -1,8 +1,8 @@
 """The HTTP API (contract: ``docs/protocol.md``, "Auth service") as a Starlette app.
 
 Why Starlette on uvicorn: it is ASGI, so the same app runs under any ASGI server;
-it is a handful of small modules (routing, requests, responses) of the kind our
-STYLE holds up, with no ORM or settings system to fight; and uvicorn's
+it is a handful of small modules (routing, requests, responses) of the kind
+well-kept Python projects have, with no ORM or settings system to fight; and uvicorn's
 :class:`~uvicorn.Server` runs inside an event loop we create (``EVENT_LOOP``), so a
 second listener can share that loop later. Neither we nor this module parse HTTP:
 uvicorn (h11) does.

@@ -1,8 +1,9 @@
 """The protocol's error codes and the exceptions that carry them.
 
-One place maps failures to the contract's codes (``docs/protocol.md``). Every
-exception raised while handling a frame is a :class:`ProtocolError` with a code
-from :class:`ErrorCode`; anything else is a bug and is answered ``internal``.
+Every failure a client hears of is a :class:`ChatError` whose ``code`` is one of the
+contract's (``docs/protocol.md``) and whose ``detail`` is the frame's text: raised
+where it happens, turned into an ``error`` frame at one edge per path (see
+:class:`ChatError`). Any other exception is a bug, logged and answered ``internal``.
 """
 
 from __future__ import annotations
@@ -29,27 +30,48 @@ UNCOUNTED_CODES = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.UNAVAILABLE, Erro
 
 
 class ChatError(Exception):
-    """Base of every exception chatlab raises on purpose."""
+    """Base of every exception chatlab raises on purpose.
+
+    ``code`` is the contract's code the client is answered with, ``detail`` the error
+    frame's text, ``ref`` the send it answers (None: none). Raised where the failure
+    happens; :meth:`chat_server.service.ChatService` turns it into an ``error`` frame
+    at the edge (the frame's handler, or the background task's top), nowhere else.
+    """
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, detail: str, ref: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.ref = ref
 
 
 class ProtocolError(ChatError):
-    """A frame the server answers with an ``error`` frame; the connection stays open."""
+    """A request the server refuses with ``code``; the connection stays open."""
 
     def __init__(self, code: ErrorCode, detail: str, ref: str | None = None) -> None:
-        super().__init__(f"{code}: {detail}")
+        super().__init__(detail, ref)
         self.code = code
-        self.detail = detail
-        self.ref = ref
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.detail}"
 
 
 class CodecError(ProtocolError):
     """A frame the codec could not turn into a typed message (bad_request, unsupported)."""
 
 
+class Unavailable(ChatError):
+    """The server cannot do this now (shutting down, a replay or a join that failed); the
+    client may try again."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
 class StoreError(ChatError):
     """The history store failed; nothing of the affected batch was stored or acked."""
 
-    code: ErrorCode = ErrorCode.INTERNAL
+    code = ErrorCode.INTERNAL
 
 
 class StoreUnavailable(StoreError):
@@ -58,7 +80,5 @@ class StoreUnavailable(StoreError):
     code = ErrorCode.UNAVAILABLE
 
 
-class BrokerUnavailable(ChatError):
+class BrokerUnavailable(Unavailable):
     """The broker cannot reach the other processes now (Redis unreachable or too slow)."""
-
-    code = ErrorCode.UNAVAILABLE

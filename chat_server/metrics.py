@@ -17,7 +17,6 @@ help, types and labels are the same either way, so one dashboard reads both.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import resource
 import shutil
@@ -88,8 +87,9 @@ BATCH_SIZE = (
 )
 DELIVERY_LATENCY_MS = (
     "chat_delivery_latency_ms",
-    "from accepting a send to writing its message to the room's members (once per broadcast),"
-    " in ms",
+    "from accepting a send to handing its message to the room's members' connections here"
+    " (once per broadcast, when its commit is reported or the broker delivers it; the"
+    " writes follow at the end of that loop iteration), in ms",
 )
 GC_PAUSE = ("chat_gc_pause_seconds", "cyclic garbage collection pauses, by generation")
 GC_PAUSE_MAX = (
@@ -137,9 +137,7 @@ class Counters:
     """
 
     __slots__ = (
-        "ack_latency_buckets",
-        "ack_latency_count",
-        "ack_latency_sum_ms",
+        "ack_latency",
         "commit_seconds",
         "delivery_latency",
         "frames_in",
@@ -149,19 +147,11 @@ class Counters:
 
     def __init__(self) -> None:
         self.frames_in = 0
-        self.ack_latency_buckets = [0] * (len(ACK_LATENCY_BUCKETS_MS) + 1)
-        self.ack_latency_sum_ms = 0.0
-        self.ack_latency_count = 0
+        self.ack_latency = PlainHistogram(ACK_LATENCY_BUCKETS_MS)
         self.delivery_latency = PlainHistogram(ACK_LATENCY_BUCKETS_MS)
         self.commit_seconds = PlainHistogram(COMMIT_BUCKETS_S)
         self.gc = GcWatch()
         self.loop_lag = LoopLagTicker()
-
-    def observe_ack_latency_ms(self, latency_ms: float) -> None:
-        """Count one ack's latency from accept to ack."""
-        self.ack_latency_buckets[bisect.bisect_left(ACK_LATENCY_BUCKETS_MS, latency_ms)] += 1
-        self.ack_latency_sum_ms += latency_ms
-        self.ack_latency_count += 1
 
     def tail_summary(self) -> dict[str, Any]:
         """GC pauses, loop lag, commit times and delivery latency in brief, for ``/stats``."""
@@ -199,12 +189,7 @@ class ChatCollector:
         yield errors
         yield GaugeMetricFamily(*OUTBOUND_BYTES, value=state["outbound_bytes"])
         yield CounterMetricFamily(*SLOW_CONSUMER_CLOSES, value=state["slow_consumer_closes"])
-        yield _histogram(
-            *ACK_LATENCY_MS,
-            ACK_LATENCY_BUCKETS_MS,
-            self._counters.ack_latency_buckets,
-            self._counters.ack_latency_sum_ms,
-        )
+        yield _plain_histogram(*ACK_LATENCY_MS, self._counters.ack_latency)
         store = state["store"]
         sizes = store["batch_sizes"]  # power of two k -> batches of size [k, 2k)
         bounds = sorted(sizes)
@@ -410,12 +395,6 @@ class MetricsPublisher:
         self._grow(self._slow_consumer_closes, "slow_consumer", state["slow_consumer_closes"])
         for code, count in state["errors"].items():
             self._grow(self._errors.labels(code), f"errors {code}", count)
-        self._grow_histogram(
-            self._ack_latency,
-            "ack_latency",
-            counters.ack_latency_buckets,
-            counters.ack_latency_sum_ms,
-        )
         store = state["store"]
         sizes = [0] * (len(self._batch_bounds) + 1)
         for k, count in store["batch_sizes"].items():  # k = 2**i: sizes [k, 2k), bound 2k - 1
@@ -428,6 +407,7 @@ class MetricsPublisher:
         )
         self._queue_depth.set(store["queue_depth"])
         for histogram, key, plain in (
+            (self._ack_latency, "ack_latency", counters.ack_latency),
             (self._delivery_latency, "delivery_latency", counters.delivery_latency),
             (self._commit_seconds, "commit_seconds", counters.commit_seconds),
             (self._loop_lag, "loop_lag", counters.loop_lag.lag),

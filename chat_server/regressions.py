@@ -1,8 +1,9 @@
-"""REGRESSION: the lab's deliberate mistakes, each chosen here, once, at start.
+"""REGRESSION: the lab's deliberate mistakes, each defined here and chosen at start.
 
-:meth:`Regression.of` reads ``REGRESSION`` and says what each part does differently;
-the wiring (:mod:`chat_server.wiring`), the websockets transport and the entry point
-take their choice from it, so no other module compares ``settings.regression``.
+:meth:`Regression.of` reads ``REGRESSION`` and says what each part does differently:
+the server (:mod:`chat_server.server`) reads it once and hands it to the wiring
+(:mod:`chat_server.wiring`); the websockets transport reads its deflate window from
+it. No other module compares ``settings.regression``.
 A regression is loud at start (``python -m chat_server`` logs a warning) and never
 meant for real traffic.
 

@@ -7,21 +7,22 @@ rules live in :mod:`chat_server.core`. Its parts are built by
 :mod:`chat_server.wiring` and passed in; nothing here asks which backend is in use.
 
 The way out is one-way: the store reports each committed batch to
-:meth:`~ChatService.committed`; with one process the service then delivers each
-message through the core and acks it, and with ``BROKER=redis`` the messages come
-back through the broker and :class:`~chat_server.shared.SharedRooms` acks each send
-once its message is delivered here.
+:meth:`~ChatService.committed`, which hands it to the
+:class:`~chat_server.delivery.base.Delivery`: with one process it delivers each
+message through the core and acks it; with rooms shared through a broker the
+messages come back through the broker and each send is acked once its message is
+delivered here. The delivery never calls the service: it answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +30,16 @@ from chat_server.broker.base import Broker
 from chat_server.codecs.base import Codec
 from chat_server.core.chat import ChatCore, CloseConnection, SendFrame, Session
 from chat_server.core.idempotency import RecentSends
-from chat_server.errors import BrokerUnavailable, ChatError, ErrorCode, ProtocolError, StoreError
+from chat_server.delivery.base import Delivery, Payload
+from chat_server.errors import (
+    BrokerUnavailable,
+    ChatError,
+    ProtocolError,
+    StoreError,
+    Unavailable,
+)
 from chat_server.messages import History, HistoryRequest, Join, Leave, Message, Send
 from chat_server.metrics import Counters
-from chat_server.shared import Frame, SharedRooms
 from chat_server.store.base import BatchResult, HistoryStore, StoreStats
 
 log = logging.getLogger("chat_server")
@@ -54,7 +61,7 @@ class Worker:
 class ChatService:
     """One process's chat: sessions, rooms, durable history and fan-out.
 
-    ``shared`` builds the shared rooms' rules, with ``BROKER=redis`` only.
+    ``delivery`` delivers what the store commits (here or through the broker).
     ``blocking_send_s`` is REGRESSION=blocking_loop's stall before each send (0: none).
     ``release`` is awaited after the store and broker close, or when they fail to
     start (the Redis client both share).
@@ -67,11 +74,11 @@ class ChatService:
         core: ChatCore,
         store: HistoryStore,
         broker: Broker,
+        delivery: Delivery,
         counters: Counters,
         recent_sends: RecentSends,
         worker: Worker,
         max_history_bytes: int,
-        shared: Callable[[ChatService], SharedRooms] | None = None,
         blocking_send_s: float = 0.0,
         release: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
@@ -79,6 +86,7 @@ class ChatService:
         self.core = core
         self.store = store
         self.broker = broker
+        self.delivery = delivery
         self.counters = counters
         self.recent_sends = recent_sends
         self.worker = worker
@@ -88,22 +96,17 @@ class ChatService:
         self._paced: dict[Session, SendPaced] = {}
         self._replays: dict[tuple[Session, str], asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.shared = None if shared is None else shared(self)
+        self._gate = delivery.gate
         self._blocking_send_s = blocking_send_s
         self._release = release
-        # chosen once here: the handler of each message kind, and what a commit leads to
+        # chosen once here: the handler of each message kind
         self._handlers: dict[type, Callable[[Session, Any], None]] = {
             Send: self._send if not blocking_send_s else self._send_blocking,
-            Join: self.join_now if self.shared is None else self.shared.join,
+            Join: self._join,
             Leave: self._leave,
             HistoryRequest: self._history,
         }
-        self._committed = self._deliver_and_ack if self.shared is None else self.shared.committed
-        #: sessions whose frames wait behind a join (always empty with one process)
-        self._held: dict[Session, deque[Frame]] = {} if self.shared is None else self.shared.held
         store.report_to(self.committed)
-        if self.shared is not None:
-            broker.report_to(self.shared)
 
     async def start(self) -> None:
         """Open the history store and the broker; StoreError or BrokerUnavailable if unreachable."""
@@ -130,12 +133,11 @@ class ChatService:
         """Forget a connection that closed, for whatever reason."""
         self.core.close_session(session)
         self._paced.pop(session, None)
-        if self.shared is not None:
-            self.shared.forget(session)
+        self.delivery.forget(session)
         for room in list(session.rooms):
             self._cancel_replay(session, room)
 
-    def on_frame(self, session: Session, frame: Frame) -> None:
+    def on_frame(self, session: Session, frame: Payload) -> None:
         """Handle one received frame: rate limit, decode, dispatch; errors become frames.
 
         A frame sent while the session's join waits for the broker waits behind it.
@@ -147,23 +149,41 @@ class ChatService:
         if not core.allow_frame(session, time.monotonic()):
             core.rate_limited(session, time.monotonic(), self._ref_of(frame))
             return
-        if self._held and session in self._held:
-            self.shared.hold(session, frame)  # type: ignore[union-attr]
+        try:
+            handle_now = self._gate(session, frame)
+        except ChatError as exc:
+            self.core.fail(session, exc)
             return
-        self.dispatch(session, frame)
+        if handle_now:
+            self.dispatch(session, frame)
 
-    def dispatch(self, session: Session, frame: Frame) -> None:
+    def dispatch(self, session: Session, frame: Payload) -> None:
         """Decode one frame that drew its allowance and run its handler; errors become frames."""
         try:
             message = self.decode(frame)
             self._handlers[type(message)](session, message)
-        except ProtocolError as exc:
+        except ChatError as exc:
             self.core.fail(session, exc)
         except Exception:
             log.exception("internal error while handling a frame from %s", session.user)
-            self.core.fail(session, ProtocolError(ErrorCode.INTERNAL, "the server failed"))
+            self.core.fail(session, ChatError("the server failed"))
 
-    def _ref_of(self, frame: Frame) -> str | None:
+    @contextlib.contextmanager
+    def _answering(self, session: Session, doing: str) -> Iterator[None]:
+        """The edge of a background task for ``session``: a :class:`ChatError` raised
+        inside becomes its error frame; anything else is logged and answered ``internal``."""
+        try:
+            yield
+        except ChatError as exc:
+            log.info("%s for %s failed: %s", doing, session.user, exc)
+            if not session.closed:
+                self.core.fail(session, exc)
+        except Exception:
+            log.exception("internal error in %s for %s", doing, session.user)
+            if not session.closed:
+                self.core.fail(session, ChatError("the server failed"))
+
+    def _ref_of(self, frame: Payload) -> str | None:
         """The ``ref`` of a refused frame that is a ``send`` (None otherwise): the client
         learns which send to retry. Decoding here costs only frames already refused."""
         try:
@@ -197,13 +217,14 @@ class ChatService:
     def _send(self, session: Session, message: Send) -> None:
         stored = self.core.accept_send(session, message, time.time_ns() // 1_000_000)
         if self.draining:
-            raise ProtocolError(ErrorCode.UNAVAILABLE, "server is shutting down", message.ref)
+            raise Unavailable("server is shutting down", message.ref)
         if stored.ref is not None and self._answer_repeat(session, stored):
             return
         try:
             self.store.submit(stored, session)
         except StoreError as exc:
-            raise ProtocolError(exc.code, str(exc), message.ref) from None
+            exc.ref = message.ref  # the send the refusal answers
+            raise
         if stored.ref is not None:
             self.recent_sends.submitted(stored)
 
@@ -217,12 +238,40 @@ class ChatService:
         time.sleep(self._blocking_send_s)
         self._send(session, message)
 
-    def join_now(self, session: Session, message: Join) -> None:
-        """Join a room the broker holds; replay from ``since`` when asked."""
+    def _join(self, session: Session, message: Join) -> None:
+        """Join now when the room is ready; else wait for it, the session's frames held."""
+        if self.delivery.join_ready(session, message):
+            self._join_now(session, message)
+        else:
+            self.spawn(self._join_when_ready(session, message))
+
+    def _join_now(self, session: Session, message: Join) -> None:
+        """Join a ready room; replay from ``since`` when asked."""
         if self.core.join(session, message):
             self._cancel_replay(session, message.room)
             task = self.spawn(self._replay(session, message.room, message.since or 0))
             self._replays[(session, message.room)] = task
+
+    async def _join_when_ready(self, session: Session, message: Join) -> None:
+        """Wait for the room, join it, then handle the frames held meanwhile, in order."""
+        room = message.room
+        try:
+            with self._answering(session, f"the join of {room}"):
+                try:
+                    await self.delivery.prepare(room)
+                except BrokerUnavailable as exc:
+                    raise Unavailable(f"cannot join: {exc}") from exc
+                if not session.closed:
+                    self._join_now(session, message)
+        finally:
+            held = self.delivery.joined(session, room)
+            gate = self._gate
+            # a held join may wait again: the gate then holds the frames after it
+            while held and not session.closed:
+                frame = held.popleft()
+                with self._answering(session, "a frame held behind a join"):
+                    if gate(session, frame):
+                        self.dispatch(session, frame)
 
     def _leave(self, session: Session, message: Leave) -> None:
         self.core.leave(session, message)
@@ -236,31 +285,16 @@ class ChatService:
 
     def committed(self, result: BatchResult) -> None:
         """One batch's outcome, in commit order: deliver and ack, or tell each sender why not."""
-        if result.error is not None:
-            error = ProtocolError(result.error.code, f"not stored: {result.error}")
-            core = self.core
-            for message, session in result.items:
-                core.store_failed(session, message, error)
-        else:
-            self._committed(result.items)
-        self._remember_outcomes(result)
-
-    def _deliver_and_ack(self, items: list[tuple[Message, Session]]) -> None:
-        """One process: deliver each committed message through the core, then ack it."""
-        deliver = self.core.deliver
-        ack = self.core.ack
-        counters = self.counters
-        observe_ack = counters.observe_ack_latency_ms
-        observe_delivery = counters.delivery_latency.observe
-        # the transports write each connection's frames of this batch together, once
-        # the loop iteration ends: one clock reading serves the whole batch
-        now_ms = time.time_ns() / 1e6
-        for message, session in items:
-            deliver(message)
-            latency_ms = now_ms - message.ts
-            observe_delivery(latency_ms)
-            observe_ack(latency_ms)
-            ack(session, message)
+        if result.error is None:
+            self.delivery.committed(result.items)
+            self._remember_outcomes(result, None)
+            return
+        # one answer for the whole batch: each sender hears it with its own ref
+        error = ProtocolError(result.error.code, f"not stored: {result.error}")
+        core = self.core
+        for message, session in result.items:
+            core.store_failed(session, message, error)
+        self._remember_outcomes(result, error)
 
     # ---- idempotent sends: a ref repeated with the same body is answered, not stored -----
 
@@ -276,17 +310,17 @@ class ChatService:
             earlier.wait(session)  # answered with the original's outcome
         return True
 
-    def _remember_outcomes(self, result: BatchResult) -> None:
-        """Record the batch's seqs for its refs; answer the repeats that waited for them."""
+    def _remember_outcomes(self, result: BatchResult, error: ChatError | None) -> None:
+        """Record the batch's seqs for its refs; answer the repeats that waited for them
+        (with ``error`` when the batch failed)."""
         recent = self.recent_sends
         core = self.core
-        if result.error is None:
+        if error is None:
             for message, _ in result.items:
                 if message.ref is not None:
                     for session in recent.committed(message):
                         core.ack(session, message)
             return
-        error = ProtocolError(result.error.code, f"not stored: {result.error}")
         for message, _ in result.items:
             if message.ref is not None:
                 for session in recent.failed(message):
@@ -309,10 +343,20 @@ class ChatService:
 
     async def _replay(self, session: Session, room: str, since: int) -> None:
         """Send stored messages after ``since`` at the client's reading pace, then go live."""
-        encode = self.codec.encode_server
         send_paced = self._paced.get(session)
+        try:
+            with self._answering(session, f"the replay of {room}"):
+                await self._replay_pages(session, room, since, send_paced)
+        finally:
+            if self._replays.get((session, room)) is asyncio.current_task():
+                del self._replays[(session, room)]
+
+    async def _replay_pages(
+        self, session: Session, room: str, cursor: int, send_paced: SendPaced | None
+    ) -> None:
+        """Page through the store from ``cursor`` until the live stream has caught up."""
+        encode = self.codec.encode_server
         last_seq = self.core.last_seq
-        cursor = since
         try:
             while send_paced is not None and not self.core.replay_caught_up(session, room, cursor):
                 page = await self.store.after(room, cursor, REPLAY_PAGE)
@@ -327,12 +371,7 @@ class ChatService:
                     await send_paced(encode(stored))
                 cursor = page[-1].seq
         except (ChatError, ConnectionError) as exc:
-            log.info("replay of %s for %s stopped: %s", room, session.user, exc)
-            if not session.closed:
-                self.core.fail(session, ProtocolError(ErrorCode.UNAVAILABLE, "replay failed"))
-        finally:
-            if self._replays.get((session, room)) is asyncio.current_task():
-                del self._replays[(session, room)]
+            raise Unavailable("replay failed") from exc
 
     def _cancel_replay(self, session: Session, room: str) -> None:
         task = self._replays.pop((session, room), None)
@@ -343,15 +382,13 @@ class ChatService:
         self, session: Session, room: str, before: int | None, limit: int
     ) -> None:
         """Read a page and send it, cut from the oldest end to fit ``MAX_HISTORY_BYTES``."""
-        try:
-            page = await self.store.history(room, before, limit)
-        except StoreError as exc:
-            self.core.fail(session, ProtocolError(exc.code, f"history not read: {exc}"))
-            return
-        if session.closed:
-            return
-        frame = self.history_frame(room, page)
-        session.send(frame)
+        with self._answering(session, f"the history of {room}"):
+            try:
+                page = await self.store.history(room, before, limit)
+            except StoreError as exc:
+                raise ProtocolError(exc.code, f"history not read: {exc}") from exc
+            if not session.closed:
+                session.send(self.history_frame(room, page))
 
     def history_frame(self, room: str, page: list[Message]) -> bytes:
         """Encode a history reply holding the newest messages of ``page`` that fit the limit."""
@@ -377,8 +414,7 @@ class ChatService:
         """Refuse new sends, then commit what was accepted and deliver its messages and acks."""
         self.draining = True
         await self.store.flush()
-        if self.shared is not None:
-            await self.shared.drain()
+        await self.delivery.drain()
 
     async def close(self) -> None:
         """Stop background work and close the store and broker."""
@@ -403,7 +439,6 @@ class ChatService:
             "worker": {"pid": os.getpid(), "index": self.worker.index, "id": self.worker.id},
             "sends_remembered": len(self.recent_sends),
             "repeated_sends": self.recent_sends.repeats,
+            **self.delivery.stats(),
         }
-        if self.shared is not None:
-            stats.update(self.shared.stats())
         return stats

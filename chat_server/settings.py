@@ -14,6 +14,16 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from chat_server.store.sqlite_policy import (
+    COMMIT_PLACES,
+    DEFAULT_BATCH_MAX,
+    DEFAULT_CHECKPOINT_PAGES,
+    DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_QUEUE_MAX,
+    DEFAULT_SYNCHRONOUS,
+    DEFAULT_WAL_MAX_BYTES,
+    commit_place,
+)
 from chatlab.settings import (
     SettingError,
     Spec,
@@ -164,14 +174,14 @@ SPECS: tuple[Spec, ...] = (
     Spec(
         "CHAT_DB_SYNCHRONOUS",
         "chat_db_synchronous",
-        "normal",
+        DEFAULT_SYNCHRONOUS,
         choice("normal", "full"),
         "SQLite synchronous level: normal survives kill -9, full also power loss",
     ),
     Spec(
         "STORE_QUEUE_MAX",
         "store_queue_max",
-        "10000",
+        str(DEFAULT_QUEUE_MAX),
         integer(1),
         "messages waiting for the history writer; past it a send gets unavailable",
     ),
@@ -192,7 +202,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(
         "STORE_BATCH_MAX",
         "store_batch_max",
-        "1000",
+        str(DEFAULT_BATCH_MAX),
         integer(1),
         "most messages in one group commit",
     ),
@@ -200,14 +210,14 @@ SPECS: tuple[Spec, ...] = (
         "CHAT_DB_COMMIT",
         "chat_db_commit",
         "auto",
-        choice("auto", "loop", "thread"),
+        choice(*COMMIT_PLACES),
         "where group commits run: loop (on the event loop, no thread hand-off), thread"
         " (a writer thread); auto: loop with synchronous=normal, thread with full",
     ),
     Spec(
         "CHAT_DB_COMMIT_INTERVAL_MS",
         "chat_db_commit_interval_ms",
-        "1",
+        str(DEFAULT_COMMIT_INTERVAL_MS),
         number(0, 100),
         "least time between two group commits: sends arriving sooner wait for it and join"
         " the next one (0: a commit every event-loop iteration)",
@@ -215,7 +225,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(
         "CHAT_DB_CHECKPOINT_PAGES",
         "chat_db_checkpoint_pages",
-        "1000",
+        str(DEFAULT_CHECKPOINT_PAGES),
         integer(1),
         "WAL pages that start a PASSIVE checkpoint, run on its own thread and connection"
         " (its priority: CHAT_DB_CHECKPOINTER); at 16 times that the checkpointer holds the"
@@ -233,7 +243,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(
         "CHAT_DB_WAL_MAX_BYTES",
         "chat_db_wal_max_bytes",
-        "268435456",
+        str(DEFAULT_WAL_MAX_BYTES),
         integer(1 << 20),
         "WAL size past which sends get unavailable until a checkpoint catches up"
         " (a reader holding an old snapshot can stall checkpoints)",
@@ -531,22 +541,23 @@ class Settings(SpecSettings):
                 str(self.workers),
                 "WORKERS above 1 needs BROKER=redis (BROKER=memory fans out in one process only)",
             )
-        if self.chat_db_commit == "loop" and self.chat_db_synchronous == "full":
+        try:
+            commit_place(self.chat_db_commit, self.chat_db_synchronous)
+        except ValueError:
             raise SettingError(
                 "CHAT_DB_COMMIT",
                 self.chat_db_commit,
                 "CHAT_DB_SYNCHRONOUS=full fsyncs every commit: it stays off the event loop"
                 " (thread or auto)",
-            )
+            ) from None
         if self.ping_interval_s and not self.ping_timeout_s:
             raise SettingError("PING_TIMEOUT_S", "0", "must be above 0 while PING_INTERVAL_S is on")
 
     @property
     def store_commit_place(self) -> str:
-        """Where SQLite group commits run: ``loop`` or ``thread`` (``auto`` resolved)."""
-        if self.chat_db_commit != "auto":
-            return self.chat_db_commit
-        return "thread" if self.chat_db_synchronous == "full" else "loop"
+        """Where SQLite group commits run: ``loop`` or ``thread`` (``auto`` resolved by
+        :func:`~chat_server.store.sqlite_policy.commit_place`)."""
+        return commit_place(self.chat_db_commit, self.chat_db_synchronous)
 
     def summary(self) -> str:
         """One line naming the performance toggles in force, for the start-up log."""

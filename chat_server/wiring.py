@@ -1,11 +1,12 @@
 """Build the chat service from settings: every part chosen once, here, by object.
 
-``BROKER`` picks the history store and the broker together: ``memory`` is SQLite
-history with the in-process broker (one process), ``redis`` is Redis Streams history
-with the Redis broker on one shared client (many processes or machines). The core
-gets the seams of the chosen broker; REGRESSION's changes come from
-:class:`~chat_server.regressions.Regression`. Nothing downstream asks which was
-chosen: the service holds objects that keep one contract each.
+``BROKER`` picks the history store, the broker and the delivery together:
+``memory`` is SQLite history, the in-process broker and local delivery (one
+process); ``redis`` is Redis Streams history, the Redis broker on one shared client
+and shared delivery (many processes or machines). The core gets the seams of the
+chosen broker; REGRESSION's changes come from
+:class:`~chat_server.regressions.Regression`. This is the one place that asks which
+was chosen: the service holds objects that keep one contract each.
 """
 
 from __future__ import annotations
@@ -21,21 +22,25 @@ from chat_server.broker.memory import MemoryBroker
 from chat_server.codecs.base import Codec
 from chat_server.core.chat import ChatCore, EncodingPerRecipientCore
 from chat_server.core.idempotency import RecentSends
+from chat_server.delivery.base import Delivery
+from chat_server.delivery.local import LocalDelivery
 from chat_server.metrics import Counters
 from chat_server.regressions import Regression
 from chat_server.service import ChatService, Worker
 from chat_server.settings import Settings
-from chat_server.shared import SharedRooms
 from chat_server.store.base import HistoryStore
 from chat_server.store.sqlite import SqliteHistoryStore, WriterThreadHook
 
 
 @dataclass(frozen=True)
 class _Backend:
-    """What ``BROKER`` chooses: the store, the broker, where the core reads ``last_seq``."""
+    """What ``BROKER`` chooses: the store, the broker, the delivery, where the core reads
+    ``last_seq``."""
 
     store: HistoryStore
     broker: Broker
+    #: builds the delivery once the core exists
+    delivery: Callable[[ChatCore, Counters, Broker], Delivery]
     #: the last seq this process delivered of a room: the store's (one process) or the
     #: broker's (shared rooms: delivery lags the commit)
     last_seq: Callable[[str], int]
@@ -46,35 +51,26 @@ class _Backend:
 def build_service(
     settings: Settings,
     codec: Codec,
+    regression: Regression | None = None,
     *,
     worker_index: int | None = None,
     writer_hook: WriterThreadHook | None = None,
 ) -> ChatService:
     """The service ``settings`` describe, not started yet (``await service.start()``).
 
+    ``regression`` is ``Regression.of(settings)`` when the caller has it already;
     ``worker_index`` is this process' place among ``WORKERS`` (None when it runs
     alone); ``writer_hook`` (``PROFILE=cprofile``) runs on the SQLite writer thread.
     """
     worker = Worker(worker_index, f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
-    regression = Regression.of(settings)
+    if regression is None:
+        regression = Regression.of(settings)
     counters = Counters()
     if settings.broker == "redis":
         backend = _redis_backend(settings, worker, regression, counters)
     else:
         backend = _sqlite_backend(settings, regression, counters, writer_hook)
     broker = backend.broker
-    # a broker that hands this process its own commits back shares rooms between
-    # processes: SharedRooms' rules (acks after delivery, joins that wait) apply
-    shared = broker.delivers_commits
-    service: ChatService | None = None
-
-    # with shared rooms the core, built before the service, must tell the service's
-    # shared rooms when it closes a room (to unsubscribe and release the room's waiting
-    # acks): this looks them up at that moment, always after the service exists
-    def shared_room_closed(room: str) -> None:
-        assert service is not None and service.shared is not None
-        service.shared.room_closed(room)
-
     core_class = EncodingPerRecipientCore if regression.encode_per_recipient else ChatCore
     core = core_class(
         codec,
@@ -84,35 +80,24 @@ def build_service(
         rate_limit_per_s=settings.rate_limit_per_s,
         rate_limit_burst=settings.rate_limit_burst,
         room_opened=broker.subscribe,
-        room_closed=shared_room_closed if shared else broker.unsubscribe,
+        room_closed=broker.unsubscribe,
         remote_members=broker.members,
         presence_changed=broker.presence_changed,
     )
 
-    def shared_rooms(owner: ChatService) -> SharedRooms:
-        return SharedRooms(
-            core,
-            broker,
-            counters,
-            join_now=owner.join_now,
-            dispatch=owner.dispatch,
-            spawn=owner.spawn,
-        )
-
-    service = ChatService(
+    return ChatService(
         codec=codec,
         core=core,
         store=backend.store,
         broker=broker,
+        delivery=backend.delivery(core, counters, broker),
         counters=counters,
         recent_sends=RecentSends(round(settings.send_ref_window_s * 1000), settings.send_ref_max),
         worker=worker,
         max_history_bytes=settings.max_history_bytes,
         blocking_send_s=regression.blocking_send_s,
         release=backend.release,
-        shared=shared_rooms if shared else None,
     )
-    return service
 
 
 def _sqlite_backend(
@@ -136,7 +121,12 @@ def _sqlite_backend(
         wal_max_bytes=settings.chat_db_wal_max_bytes,
         commit_seconds=counters.commit_seconds,
     )
-    return _Backend(store=store, broker=MemoryBroker(), last_seq=store.last_seq)
+    return _Backend(
+        store=store,
+        broker=MemoryBroker(),
+        delivery=lambda core, counters, _broker: LocalDelivery(core, counters),
+        last_seq=store.last_seq,
+    )
 
 
 def _redis_backend(
@@ -145,6 +135,7 @@ def _redis_backend(
     """BROKER=redis: Redis history and broker on one client (many processes or machines)."""
     # imported only when chosen: the redis client is not loaded for one process
     from chat_server.broker.redis import RedisBroker  # noqa: PLC0415
+    from chat_server.delivery.shared import SharedDelivery  # noqa: PLC0415
     from chat_server.redis_rooms import connect_redis  # noqa: PLC0415
     from chat_server.store.redis import RedisHistoryStore  # noqa: PLC0415
 
@@ -159,4 +150,10 @@ def _redis_backend(
         send_ref_window_s=settings.send_ref_window_s,
     )
     broker = RedisBroker(client=client, worker=worker.id, lease_s=settings.presence_lease_s)
-    return _Backend(store=store, broker=broker, last_seq=broker.last_seq, release=(client.aclose,))
+    return _Backend(
+        store=store,
+        broker=broker,
+        delivery=SharedDelivery,
+        last_seq=broker.last_seq,
+        release=(client.aclose,),
+    )

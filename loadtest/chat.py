@@ -53,6 +53,7 @@ from loadtest.client import (
     WS,
     AuthClient,
     AuthError,
+    HandshakeFailed,
     LoadTestFailure,
     RelaySession,
     Session,
@@ -247,7 +248,7 @@ class ChatUser(User):
         try:
             session.connect(self.host or DEFAULT_HOST, self.token or "", deflate=options.deflate)
         except LoadTestFailure as exc:
-            if "HTTP 401" in str(exc) and not options.token_file:
+            if isinstance(exc, HandshakeFailed) and exc.status == 401 and not options.token_file:
                 self.token = None  # expired or refused: log in again next time
             return None
         self.session = session

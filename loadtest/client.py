@@ -82,7 +82,11 @@ def room_name(prefix: str, process_index: int, slot: int, room_size: int) -> str
 
 
 class LoadTestFailure(Exception):
-    """A failure reported into the statistics; its text groups failures in Locust's table."""
+    """A failure reported into the statistics; its text groups failures in Locust's table.
+
+    What the server answered is data on the exception (``status``, ``code``), so callers
+    decide by it, never by parsing the text.
+    """
 
 
 class AuthError(LoadTestFailure):
@@ -96,7 +100,12 @@ class AuthError(LoadTestFailure):
 
 
 class HandshakeFailed(LoadTestFailure):
-    """The websocket handshake was refused (HTTP status and the server's one-line reason)."""
+    """The websocket handshake was refused: ``status`` is the HTTP status (None: no HTTP
+    answer), the text the status and the server's one-line reason."""
+
+    def __init__(self, text: str, status: int | None = None) -> None:
+        super().__init__(text)
+        self.status = status
 
 
 class ServerClosed(LoadTestFailure):
@@ -318,7 +327,7 @@ class WsConnection:
                     if exc.response.body
                     else ""
                 )
-                raise HandshakeFailed(f"HTTP {status} {reason}".strip())
+                raise HandshakeFailed(f"HTTP {status} {reason}".strip(), status)
             raise HandshakeFailed(f"bad handshake: {exc}")
         assert isinstance(response, Response)
         self.early = [e for e in events[1:] if isinstance(e, Frame)]

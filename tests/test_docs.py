@@ -193,3 +193,31 @@ def test_a_seed_report_named_before_its_definition_is_found() -> None:
     assert seed_report_used_before_defined(wrapped) is None
     assert seed_definitions("// " + wrapped.replace(" on its", "\n// on its")) == (1, 1)
     assert seed_definitions(wrapped.replace("6,500", "6,400")) == (1, 0)
+
+
+def unlisted_modules(readme: str, package: Path) -> list[str]:
+    """The modules and subpackages of ``package`` that the README's "What is where" block
+    does not name (as ``<package>/<name>.py`` or ``<package>/<name>/``)."""
+    section = readme.split("## What is where", 1)[1].split("\n## ", 1)[0]
+    names = [
+        f"{package.name}/{path.name}/" if path.is_dir() else f"{package.name}/{path.name}"
+        for path in sorted(package.iterdir())
+        if (path.suffix == ".py" and path.name != "__init__.py")
+        or (path.is_dir() and (path / "__init__.py").exists())
+    ]
+    return [name for name in names if name not in section]
+
+
+def test_what_is_where_names_every_module_of_the_chat_server() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert unlisted_modules(readme, ROOT / "chat_server") == []
+
+
+def test_an_unlisted_module_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "chat_server"
+    (package / "store").mkdir(parents=True)
+    (package / "store" / "__init__.py").write_text("")
+    for name in ("__init__.py", "wiring.py", "limits.py"):
+        (package / name).write_text("")
+    readme = "## What is where\n\nchat_server/wiring.py  builds\nchat_server/store/  x\n## Next\n"
+    assert unlisted_modules(readme, package) == ["chat_server/limits.py"]

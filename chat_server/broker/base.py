@@ -11,22 +11,23 @@ process subscribed to the room, and reports it to the listener given to
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection
-from typing import Any, ClassVar, Protocol
+from collections.abc import Collection
+from typing import Any, Protocol
 
 from chat_server.messages import Message
 
-Deliver = Callable[[Message], None]
-
 
 class BrokerListener(Protocol):
-    """What a broker reports to (the service's shared rooms): messages heard, room state."""
+    """What a broker reports to (the shared delivery): messages heard, room state."""
 
     def delivered(self, message: Message) -> None:
         """A subscribed room's next message, in ``seq`` order."""
 
     def jumped(self, room: str, last_seq: int) -> None:
         """The room's ``last_seq`` moved without a delivery (history trimmed meanwhile)."""
+
+    def closed(self, room: str) -> None:
+        """The core closed the room (:meth:`Broker.unsubscribe`): nothing more is heard of it."""
 
     def announce(self, room: str, user: str, present: bool) -> None:
         """The room's shared member set gained (True) or lost ``user``."""
@@ -40,10 +41,6 @@ class BrokerListener(Protocol):
 
 class Broker(ABC):
     """Subscriptions, readiness and shared presence of the rooms this process serves."""
-
-    #: True when this process's own committed messages come back through the broker
-    #: (the store published them); False when the service delivers them at commit
-    delivers_commits: ClassVar[bool]
 
     def report_to(self, listener: BrokerListener) -> None:  # noqa: B027 (optional)
         """Report what the broker hears to ``listener`` (before :meth:`start`)."""

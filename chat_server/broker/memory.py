@@ -9,9 +9,7 @@ from chat_server.broker.base import Broker
 
 
 class MemoryBroker(Broker):
-    """One process: every room is ready, no member is elsewhere, the service delivers."""
-
-    delivers_commits = False
+    """One process: every room is ready and no member is elsewhere."""
 
     async def start(self) -> None:
         """Nothing to connect."""

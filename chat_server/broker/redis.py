@@ -4,8 +4,8 @@ Each process holds **one** pub/sub connection, subscribed to the channel of each
 room it has members in (and only those): the core's ``room_opened`` and
 ``room_closed`` call :meth:`RedisBroker.subscribe` and
 :meth:`RedisBroker.unsubscribe`. Messages are published by the history store's
-commit script (:mod:`chat_server.store.redis`), so :meth:`RedisBroker.publish`
-is never used; this broker delivers what it hears to the local core through a
+commit script (:mod:`chat_server.store.redis`), not by this broker: it only
+listens, and delivers what it hears to the local core through a
 :class:`~chat_server.broker.feed.RoomFeed` per room, which keeps ``seq`` order,
 drops duplicates and holds messages behind a gap while the gap is read back
 from the room's stream.
@@ -84,12 +84,12 @@ HELD_KEY: Final = "chat:{%s}:w:%s"
 ROOMS_KEY: Final = "chat:worker:%s:rooms"
 
 _PRESENCE_LIB: Final = """
-local USERS, VERSION, HELD, ROOMS = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local USERS, VERSION, HELD, ROOMS, CHANNEL = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local function announce(room, user, sign, count, worker)
   local v = redis.call('INCR', string.format(VERSION, room))
   local event = 'P' .. string.format('%d', v) .. ' ' .. sign .. user .. ' '
     .. string.format('%d', count) .. ' ' .. worker
-  redis.call('PUBLISH', 'chat:{' .. room .. '}', event)
+  redis.call('PUBLISH', string.format(CHANNEL, room), event)
 end
 local function arrive(room, worker, user)
   if redis.call('SADD', string.format(HELD, room, worker), user) == 1 then
@@ -123,20 +123,21 @@ end
 PRESENCE_SCRIPT: Final = (
     _PRESENCE_LIB
     + """
--- KEYS[1] the leases; ARGV[1..4] key templates, ARGV[5] this process, ARGV[6] room,
--- ARGV[7] 'exact' (these are all its users here), '+' (arrived) or '-' (departed), ARGV[8..] users
-local worker, room, mode = ARGV[5], ARGV[6], ARGV[7]
+-- KEYS[1] the leases; ARGV[1..5] key and channel templates, ARGV[6] this process, ARGV[7]
+-- room, ARGV[8] 'exact' (these are all its users here), '+' (arrived) or '-' (departed),
+-- ARGV[9..] users
+local worker, room, mode = ARGV[6], ARGV[7], ARGV[8]
 if mode == 'exact' then
   local wanted = {}
-  for i = 8, #ARGV do wanted[ARGV[i]] = true end
+  for i = 9, #ARGV do wanted[ARGV[i]] = true end
   for _, user in ipairs(redis.call('SMEMBERS', string.format(HELD, room, worker))) do
     if not wanted[user] then depart(room, worker, user) end
   end
-  for i = 8, #ARGV do arrive(room, worker, ARGV[i]) end
+  for i = 9, #ARGV do arrive(room, worker, ARGV[i]) end
 elseif mode == '+' then
-  for i = 8, #ARGV do arrive(room, worker, ARGV[i]) end
+  for i = 9, #ARGV do arrive(room, worker, ARGV[i]) end
 else
-  for i = 8, #ARGV do depart(room, worker, ARGV[i]) end
+  for i = 9, #ARGV do depart(room, worker, ARGV[i]) end
 end
 if redis.call('SCARD', string.format(HELD, room, worker)) == 0 then
   redis.call('SREM', string.format(ROOMS, worker), room)
@@ -148,12 +149,12 @@ return 1
 LEASE_SCRIPT: Final = (
     _PRESENCE_LIB
     + """
--- KEYS[1] the leases; ARGV[1..4] key templates, ARGV[5] this process, ARGV[6] lease in ms
--- (0: give up the lease and release everything now)
+-- KEYS[1] the leases; ARGV[1..5] key and channel templates, ARGV[6] this process, ARGV[7]
+-- lease in ms (0: give up the lease and release everything now)
 -- Returns {processes released, 1 if this process had no lease (new, or it had run out)}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local worker, lease = ARGV[5], tonumber(ARGV[6])
+local worker, lease = ARGV[6], tonumber(ARGV[7])
 if lease == 0 then
   release(worker)
   return {1, 0}
@@ -165,7 +166,8 @@ return {#expired, added}
 """
 )
 
-_TEMPLATES: Final = (USERS_KEY, VERSION_KEY, HELD_KEY, ROOMS_KEY)
+#: the scripts' templates: a room's channel is spelled by room_channel(), nowhere else
+_TEMPLATES: Final = (USERS_KEY, VERSION_KEY, HELD_KEY, ROOMS_KEY, room_channel("%s"))
 
 
 class _Room:
@@ -190,11 +192,10 @@ class RedisBroker(Broker):
     Reports to the :class:`~chat_server.broker.base.BrokerListener` given to
     :meth:`report_to`: ``delivered`` gets each message of a subscribed room once, in
     ``seq`` order; ``jumped`` hears when a room's ``last_seq`` moved without a delivery
-    (trimmed history); ``announce`` hears each change of a room's shared member set;
-    ``local_users`` and ``local_rooms`` are the truth presence writes converge to.
+    (trimmed history); ``closed`` hears each room the core closed; ``announce`` hears
+    each change of a room's shared member set; ``local_users`` and ``local_rooms`` are
+    the truth presence writes converge to.
     """
-
-    delivers_commits = True
 
     def __init__(
         self,
@@ -309,6 +310,7 @@ class RedisBroker(Broker):
         if entry is not None:
             entry.in_use = False
             self.release(room)
+        self._listening().closed(room)
 
     def release(self, room: str) -> None:
         """Drop ``room``'s subscription if no member and no waiting join needs it."""

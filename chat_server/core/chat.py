@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from chat_server.core.validation import check_room, check_send, check_since, history_limit
-from chat_server.errors import UNCOUNTED_CODES, ErrorCode, ProtocolError
+from chat_server.errors import UNCOUNTED_CODES, ChatError, ErrorCode, ProtocolError
 from chat_server.messages import (
     Ack,
     Error,
@@ -183,7 +183,7 @@ class ChatCore:
         if len(limited_at) == self.burst and now - limited_at[0] <= self.flood_window_s:
             self._close(session, CLOSE_POLICY_VIOLATION, "rate_limited: flood")
 
-    def fail(self, session: Session, error: ProtocolError) -> None:
+    def fail(self, session: Session, error: ChatError) -> None:
         """Answer an error frame; close 1008 once the counted errors reach the limit."""
         self._send_error(session, error.code, error.detail, error.ref)
         if error.code in UNCOUNTED_CODES:
@@ -326,7 +326,7 @@ class ChatCore:
         if not session.closed:
             session.send(self.encode(Ack(room=message.room, seq=message.seq, ref=message.ref)))
 
-    def store_failed(self, session: Session, message: Message, error: ProtocolError) -> None:
+    def store_failed(self, session: Session, message: Message, error: ChatError) -> None:
         """Tell a sender its message was not stored (``unavailable`` or ``internal``)."""
         if not session.closed:
             self._send_error(session, error.code, error.detail, message.ref)

@@ -6,19 +6,13 @@ together, once, at the end of it (one callback, not one per message), and
 committed as one transaction (group commit). Hand-overs are at least
 ``commit_interval_ms`` apart (``CHAT_DB_COMMIT_INTERVAL_MS``, 1 ms): one coming
 sooner waits on a timer and takes later iterations' messages along, unless it
-already holds ``COMMIT_NOW_SIZE`` (see :meth:`SqliteHistoryStore._hand_over`).
-Where that transaction runs is ``commit_on``:
-
-``loop``
-    On the event loop, right away. With ``synchronous=normal`` a commit is a WAL
-    append without fsync (tens of microseconds for a batch), cheaper than waking
-    a thread and switching the GIL twice; the loop never waits on a lock (the
-    connection's busy timeout is 0: a database locked by another process fails
-    the batch with ``unavailable``).
-``thread``
-    On a writer thread that owns the write connection; whatever queued up while
-    the previous transaction committed goes into the next one. Required with
-    ``synchronous=full`` (an fsync per commit never runs on the loop).
+already holds ``COMMIT_NOW_SIZE`` (the decision is
+:func:`~chat_server.store.sqlite_policy.hand_over_wait_s`). Where that transaction
+runs is ``commit_on`` (:mod:`chat_server.store.sqlite_commits`): ``loop``, on the
+event loop right away (a WAL append without fsync costs less than waking a thread;
+the loop never waits on a lock), or ``thread``, on a writer thread that owns the
+write connection (required with ``synchronous=full``: an fsync per commit never
+runs on the loop).
 
 Each room's ``seq`` is assigned inside the transaction and handed to the messages
 only after ``COMMIT`` succeeded, so a failed batch consumes none. Each batch's
@@ -28,8 +22,10 @@ outcome is reported on the event loop, in commit order, to the callback given to
 Checkpoints never run inside a commit (``wal_autocheckpoint`` is off): a
 checkpointer thread with its own connection checkpoints the WAL and restarts it
 (:class:`~chat_server.store.sqlite_wal.Checkpointer`, where the why is; the figures are
-in ``docs/decisions/``). To restart it, it holds the commits (``_commit_lock``) for a few
-milliseconds: commits on the loop wait in a list; the loop goes on. A reader that holds an old
+in ``docs/decisions/``). To restart it, it holds the commits (the
+:class:`~chat_server.store.sqlite_commits.CommitHold`) for a few milliseconds: commits on
+the loop wait in the store's list, the loop goes on, and they resume when the
+checkpointer lets go. A reader that holds an old
 snapshot open can keep checkpoints from catching up; once what is not checkpointed
 passes ``wal_max_bytes`` new submissions are refused with ``unavailable``
 ("checkpoint blocked") until a checkpoint catches up, so what it holds unchecked
@@ -59,19 +55,36 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import dataclasses
 import logging
 import sqlite3
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
+from chat_server.store.sqlite_commits import (
+    CommitHold,
+    CommitPlace,
+    Item,
+    LoopCommits,
+    Outcome,
+    ThreadCommits,
+    WriterThreadHook,
+)
+from chat_server.store.sqlite_policy import (
+    COMMIT_NOW_SIZE,
+    DEFAULT_BATCH_MAX,
+    DEFAULT_CHECKPOINT_PAGES,
+    DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_QUEUE_MAX,
+    DEFAULT_SYNCHRONOUS,
+    DEFAULT_WAL_MAX_BYTES,
+    commit_place,
+    hand_over_wait_s,
+)
 from chat_server.store.sqlite_reads import SqliteReader
 from chat_server.store.sqlite_schema import (
     INSERT_MESSAGE,
@@ -84,57 +97,15 @@ from chat_server.store.sqlite_schema import (
 from chat_server.store.sqlite_wal import Checkpointer
 from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
 
-__all__ = ["SCHEMA_VERSION", "SqliteHistoryStore", "StoreStats", "WriterThreadHook"]
+__all__ = [
+    "COMMIT_NOW_SIZE",
+    "SCHEMA_VERSION",
+    "SqliteHistoryStore",
+    "StoreStats",
+    "WriterThreadHook",
+]
 
 logger = logging.getLogger("chat_server.store")
-
-# How often an idle writer checks that its event loop still exists, so that a loop
-# closed without close() does not keep this non-daemon thread (and the process) alive.
-_IDLE_CHECK_S: Final = 1.0
-#: a hand-over of this many sends is committed at once, whatever the commit interval
-COMMIT_NOW_SIZE: Final = 32
-_COMMIT_PLACES: Final = ("loop", "thread")
-
-_Item = tuple[Message, Any]
-
-
-class WriterThreadHook(Protocol):
-    """Per-thread work the writer thread does for someone else (``PROFILE=cprofile``).
-
-    Every method is called on the writer thread. ``pending`` is read between
-    batches, without a lock: when true the writer calls :meth:`checkpoint` before
-    its next batch, waking for it if idle (``wake``, given to :meth:`thread_started`,
-    may be called from any thread to make it look). Methods must not raise.
-    """
-
-    pending: bool
-
-    def thread_started(self, wake: Callable[[], None]) -> None:
-        """The writer thread begins; ``wake`` makes it look at ``pending`` soon."""
-
-    def checkpoint(self) -> None:
-        """Between two batches, because ``pending`` was true."""
-
-    def thread_stopped(self) -> None:
-        """The writer thread ends (after its last batch)."""
-
-
-class _NoHook:
-    """The hook of a store nobody profiles: the writer reads ``pending`` once a batch."""
-
-    pending = False
-
-    def thread_started(self, wake: Callable[[], None]) -> None:
-        pass
-
-    def checkpoint(self) -> None:
-        pass
-
-    def thread_stopped(self) -> None:
-        pass
-
-
-_NO_HOOK: Final = _NoHook()
 
 
 class SqliteHistoryStore(LedgerStore):
@@ -149,6 +120,8 @@ class SqliteHistoryStore(LedgerStore):
     is kept apart from its messages. Every method is called from the event loop
     thread that called :meth:`start`. ``writer_hook`` runs on the writer thread at
     its start, between batches when it asks to, and at its end (profiling).
+    ``checkpointer`` is the WAL's :class:`~chat_server.store.sqlite_wal.Checkpointer`,
+    whose counters tests and ``/stats`` read.
     """
 
     def __init__(
@@ -156,37 +129,35 @@ class SqliteHistoryStore(LedgerStore):
         *,
         path: str | Path,
         on_batch: BatchCallback | None = None,
-        synchronous: str = "normal",
-        queue_max: int = 10000,
-        batch_max: int = 1000,
+        synchronous: str = DEFAULT_SYNCHRONOUS,
+        queue_max: int = DEFAULT_QUEUE_MAX,
+        batch_max: int = DEFAULT_BATCH_MAX,
         history_max: int = 0,
         busy_timeout_ms: int = 5000,
         writer_hook: WriterThreadHook | None = None,
-        commit_on: str | None = None,
-        checkpoint_pages: int = 1000,
+        commit_on: str = "auto",
+        checkpoint_pages: int = DEFAULT_CHECKPOINT_PAGES,
         checkpointer_idle: bool = True,
-        wal_max_bytes: int = 256 << 20,
+        wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES,
         commit_seconds: PlainHistogram | None = None,
-        commit_interval_ms: float = 0.0,
+        commit_interval_ms: float = DEFAULT_COMMIT_INTERVAL_MS,
     ) -> None:
         """Configure the store; nothing is opened until :meth:`start`.
 
-        ``commit_on`` is ``loop`` or ``thread`` (None: ``loop`` with ``normal``,
-        ``thread`` with ``full``); ``commit_seconds`` receives each transaction's
-        duration; ``commit_interval_ms`` is the least time between two hand-overs
-        (see :meth:`_hand_over`; 0: one per loop iteration). Raises ``ValueError`` for
-        a ``synchronous`` other than ``normal`` or ``full``, ``commit_on="loop"`` with
-        ``full``, a ``queue_max``, ``batch_max`` or ``checkpoint_pages`` below 1, or a
-        negative ``history_max``, ``busy_timeout_ms`` or ``commit_interval_ms``.
+        ``commit_on`` is ``auto``, ``loop`` or ``thread`` (see
+        :func:`~chat_server.store.sqlite_policy.commit_place`); ``commit_seconds``
+        receives each transaction's duration; ``commit_interval_ms`` is the least time
+        between two hand-overs (0: one per loop iteration; see
+        :func:`~chat_server.store.sqlite_policy.hand_over_wait_s`). The defaults are
+        the chat server's settings' defaults. Raises ``ValueError`` for a
+        ``synchronous`` other than ``normal`` or ``full``, a ``commit_on`` that
+        :func:`~chat_server.store.sqlite_policy.commit_place` refuses, a ``queue_max``,
+        ``batch_max`` or ``checkpoint_pages`` below 1, or a negative ``history_max``,
+        ``busy_timeout_ms`` or ``commit_interval_ms``.
         """
         if synchronous not in SYNCHRONOUS:
             raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
-        if commit_on is None:
-            commit_on = "thread" if synchronous == "full" else "loop"
-        if commit_on not in _COMMIT_PLACES:
-            raise ValueError(f"commit_on must be 'loop' or 'thread', not {commit_on!r}")
-        if commit_on == "loop" and synchronous == "full":
-            raise ValueError("synchronous='full' fsyncs each commit: commit_on must be 'thread'")
+        place = commit_place(commit_on, synchronous)
         if checkpoint_pages < 1:
             raise ValueError(f"checkpoint_pages must be at least 1, not {checkpoint_pages}")
         if queue_max < 1:
@@ -206,8 +177,6 @@ class SqliteHistoryStore(LedgerStore):
         self._batch_max = batch_max
         self._history_max = history_max
         self._busy_timeout_s = busy_timeout_ms / 1000
-        self._writer_hook: WriterThreadHook = _NO_HOOK if writer_hook is None else writer_hook
-        self._on_loop = commit_on == "loop"
         self._commit_interval_s = commit_interval_ms / 1000
         self.commit_seconds = (
             PlainHistogram(COMMIT_BUCKETS_S) if commit_seconds is None else commit_seconds
@@ -217,33 +186,45 @@ class SqliteHistoryStore(LedgerStore):
             maxlen=NOTABLE_KEPT
         )
 
-        # Shared between the loop and the writer, guarded by _cond.
-        self._cond = threading.Condition(threading.Lock())
-        #: held by whoever writes: each commit (on the loop it is only tried: a commit
-        #: that cannot have it waits in _pending), and the checkpointer while it makes the
-        #: WAL restart (see :meth:`Checkpointer._restart_wal`)
-        self._commit_lock = threading.Lock()
-        self._queue: collections.deque[_Item] = collections.deque()
-        self._stopping = False
-
-        # Owned by the writer thread.
+        #: every room's last seq as committed: owned by whoever runs the transactions
+        #: (the loop or the writer thread), loaded when the write connection opens
         self._writer_seq: dict[str, int] = {}
-        self._writer: threading.Thread | None = None
-        self._writer_stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # Every commit holds it; the checkpointer takes it to restart the WAL.
+        hold = CommitHold()
+        self._commits: CommitPlace
+        if place == "loop":
+            self._commits = LoopCommits(
+                open_connection=self._open_writer,
+                transaction=self._commit,
+                report=self._report,
+                hold=hold,
+                resume=self._resume_held,
+                batch_max=batch_max,
+            )
+        else:
+            self._commits = ThreadCommits(
+                open_connection=self._open_writer,
+                transaction=self._commit,
+                report=self._report,
+                hold=hold,
+                batch_max=batch_max,
+                hook=writer_hook,
+            )
+        #: what waits for the writer thread (always empty with commits on the loop)
+        self._queue = self._commits.queue
 
         # The read side: its own thread and connection (see SqliteReader).
         self._reads = SqliteReader(self._path, self._busy_timeout_s)
 
-        # The WAL's checkpoints and restarts: its own thread (see Checkpointer).
-        self._checkpointer = Checkpointer(
+        #: the WAL's checkpoints and restarts, on a thread of its own
+        self.checkpointer = Checkpointer(
             path=self._path,
             synchronous=self._synchronous,
             checkpoint_pages=checkpoint_pages,
             idle_policy=checkpointer_idle,
             wal_max_bytes=wal_max_bytes,
-            commit_lock=self._commit_lock,
+            commit_hold=hold,
             on_blocked=self._set_wal_blocked,
-            after_hold=self._after_hold,
         )
         #: written by the checkpointer thread (through _set_wal_blocked), read by submit
         #: without a lock: what no checkpoint could copy back is past wal_max_bytes
@@ -251,13 +232,15 @@ class SqliteHistoryStore(LedgerStore):
 
         # Owned by the event loop.
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: the write connection when commits run on the loop
-        self._loop_conn: sqlite3.Connection | None = None
-        #: submitted during this loop iteration, handed over once at its end
-        self._pending: list[_Item] = []
-        self._handover_scheduled = False
+        #: submitted and not yet handed over (held too, while the checkpointer holds the
+        #: commits on the loop)
+        self._pending: list[Item] = []
+        #: the hand-over to come: at the end of this iteration (``call_soon``), or when
+        #: the commit interval has passed (a ``call_later`` timer); None when none is
+        #: scheduled, and then the next submit schedules one
+        self._next_hand_over: asyncio.Handle | None = None
         #: when the last hand-over ended (time.perf_counter)
-        self._last_handover = 0.0
+        self._last_hand_over_s = 0.0
         self._accepting = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
@@ -275,30 +258,10 @@ class SqliteHistoryStore(LedgerStore):
             raise StoreError("history store already started (or closed)")
         self._loop = asyncio.get_running_loop()
         try:
-            if self._on_loop:
-                self._writer_stopped.set_result(None)  # no writer thread
-                try:
-                    self._loop_conn = self._open_writer(busy_timeout_s=0.0)
-                except StoreError:
-                    raise
-                except Exception as exc:
-                    logger.exception("history store: opening %s failed", self._path)
-                    raise StoreError(
-                        f"cannot open history store {str(self._path)!r}: {exc}"
-                    ) from exc
-                self._last_seq = dict(self._writer_seq)
-            else:
-                ready: concurrent.futures.Future[dict[str, int]] = concurrent.futures.Future()
-                self._writer = threading.Thread(
-                    target=self._run_writer,
-                    args=(ready,),
-                    name="chat-history-writer",
-                    daemon=False,
-                )
-                self._writer.start()
-                self._last_seq = await asyncio.wrap_future(ready)
+            await self._commits.start(self._loop)
+            self._last_seq = dict(self._writer_seq)
             await self._reads.open()
-            self._checkpointer.start(self._loop)
+            self.checkpointer.start(self._loop)
         except BaseException:
             self._closed = self._reads.closed = True
             await self._stop_threads()
@@ -326,32 +289,14 @@ class SqliteHistoryStore(LedgerStore):
             await self._stop_threads()
         finally:
             # Even when cancelled, let the writer drain and exit so the process can.
-            self._signal_stop()
+            self._commits.stop_soon()
             self._close_done.set_result(None)
 
     async def _stop_threads(self) -> None:
-        """Let the writer drain and exit, then close the reader's connection; idempotent."""
-        self._signal_stop()
-        if self._writer is not None:
-            await asyncio.wrap_future(self._writer_stopped)
-            self._writer.join()
-            self._writer = None
-        await self._checkpointer.stop()
-        if self._loop_conn is not None:
-            self._loop_conn.close()
-            self._loop_conn = None
+        """Let the commits drain and stop, then the checkpointer, then the reader; idempotent."""
+        await self._commits.stop()
+        await self.checkpointer.stop()
         await self._reads.close()
-
-    def _signal_stop(self) -> None:
-        """Tell the writer to exit once the queue is empty."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-
-    def _wake_writer(self) -> None:
-        """Make an idle writer look at its hook's ``pending`` (any thread)."""
-        with self._cond:
-            self._cond.notify()
 
     # ---- writes ---------------------------------------------------------------
 
@@ -371,77 +316,49 @@ class SqliteHistoryStore(LedgerStore):
         if self._wal_blocked:
             raise StoreUnavailable("history store: WAL full, a checkpoint is blocked by a reader")
         self._pending.append((message, context))
-        if not self._handover_scheduled:
-            self._handover_scheduled = True
+        if self._next_hand_over is None:
             assert self._loop is not None
-            self._loop.call_soon(self._hand_over)
+            self._next_hand_over = self._loop.call_soon(self._hand_over)
         self._ledger.submitted()
 
     def _hand_over(self) -> None:
-        """At the end of a loop iteration: commit what it submitted, or give it to the writer.
+        """At the end of a loop iteration, or when the commit interval has passed: hand
+        what is pending to the commits, or wait as long as :func:`hand_over_wait_s` says.
 
-        With a ``commit_interval_ms``, a hand-over that comes sooner than that after the
-        last one waits for the rest of the interval (a timer), gathering later
-        iterations' messages into the same transaction: under load a commit per
-        iteration of a few messages each took a large share of the server's core; at
-        light load messages arrive further apart than the interval and are committed at
-        the end of their iteration as before. A wait under half the interval is not
-        worth a timer (uvloop's have 1 ms steps), and a list of ``COMMIT_NOW_SIZE``
-        sends is committed at once: near saturation the iterations are long and their
-        lists big, and holding them cost capacity
-        (``docs/decisions/0002-commit-interval.md``).
+        While the checkpointer holds the commits on the loop the commits refuse it: it
+        stays pending, and :meth:`_resume_held` hands it over when the checkpointer lets go.
         """
-        self._handover_scheduled = False
-        if not self._pending:
+        self._next_hand_over = None
+        items = self._pending
+        if not items:
             return
-        if (
-            self._commit_interval_s
-            and not self._closed
-            and len(self._pending) < min(COMMIT_NOW_SIZE, self._batch_max)
-        ):
-            wait = self._last_handover + self._commit_interval_s - time.perf_counter()
-            if wait > self._commit_interval_s / 2:
-                self._handover_scheduled = True
-                assert self._loop is not None
-                self._loop.call_later(wait, self._hand_over)
-                return
-        if self._on_loop and not self._commit_lock.acquire(blocking=False):
-            # the checkpointer holds the commits for a few ms; it calls _after_hold
+        wait_s = hand_over_wait_s(
+            pending=len(items),
+            now_s=time.perf_counter(),
+            last_hand_over_s=self._last_hand_over_s,
+            interval_s=self._commit_interval_s,
+            batch_max=self._batch_max,
+            closed=self._closed,
+        )
+        if wait_s:
+            assert self._loop is not None
+            self._next_hand_over = self._loop.call_later(wait_s, self._hand_over)
             return
-        items, self._pending = self._pending, []
-        try:
-            self._hand_over_items(items)
-        finally:
-            if self._on_loop:
-                self._commit_lock.release()
-            self._last_handover = time.perf_counter()
+        self._pending = []
+        if not self._commits.hand_over(items):
+            self._pending = items  # held: nothing ran, so nothing was submitted meanwhile
+            return
+        self._last_hand_over_s = time.perf_counter()
 
-    def _after_hold(self) -> None:
-        """On the loop, when the checkpointer let go of the commits: commit what waited."""
-        if self._pending and not self._handover_scheduled:
+    def _resume_held(self) -> None:
+        """On the loop, when the checkpointer let go of the commits: hand over what it held."""
+        if self._pending and self._next_hand_over is None:
             self._hand_over()
-
-    def _hand_over_items(self, items: list[_Item]) -> None:
-        """Commit ``items`` on the loop (in ``batch_max`` slices) or queue them for the writer."""
-        if self._on_loop:
-            conn = self._loop_conn
-            size = self._batch_max
-            for start in range(0, len(items), size):
-                batch = items[start : start + size]
-                if conn is None:
-                    self._report(batch, [], {}, StoreUnavailable("history store closed"))
-                    continue
-                seqs, room_seqs, error = self._commit(conn, batch)
-                self._report(batch, seqs, room_seqs, error)
-            return
-        with self._cond:
-            self._queue.extend(items)
-            self._cond.notify()
 
     def stats(self) -> StoreStats:
         """A snapshot of the batches so far (the queue counts what waits for its commit),
         with the WAL file's size, its restarts and the commits' holds for them."""
-        checkpointer = self._checkpointer
+        checkpointer = self.checkpointer
         holds = checkpointer.restart_hold_seconds
         return dataclasses.replace(
             self._ledger.stats(queue_depth=len(self._queue) + len(self._pending)),
@@ -456,7 +373,7 @@ class SqliteHistoryStore(LedgerStore):
         times, and the checkpointer's counts (checkpoints, times it left SCHED_IDLE to catch
         up, restart holds and WAL restarts, the longest hold) and the WAL file's size now
         and at most, for /stats."""
-        checkpointer = self._checkpointer
+        checkpointer = self.checkpointer
         notable: dict[str, Any] = {
             kind: [
                 {"at": round(at, 3), "took_s": round(took, 6), "size": size}
@@ -477,7 +394,7 @@ class SqliteHistoryStore(LedgerStore):
 
     def _report(
         self,
-        items: list[_Item],
+        items: list[Item],
         seqs: list[int],
         room_seqs: dict[str, int],
         error: StoreError | None,
@@ -491,83 +408,29 @@ class SqliteHistoryStore(LedgerStore):
             self._last_seq.update(room_seqs)
         self._ledger.report(items, error)
 
-    # ---- the writer thread ------------------------------------------------------
-
-    def _run_writer(self, ready: concurrent.futures.Future[dict[str, int]]) -> None:
-        """Writer thread: open the database, then commit batches until told to stop."""
-        hook = self._writer_hook
-        hook.thread_started(self._wake_writer)
-        try:
-            try:
-                conn = self._open_writer()
-            except Exception as exc:
-                if not isinstance(exc, StoreError):
-                    logger.exception("history store: opening %s failed", self._path)
-                    exc = StoreError(f"cannot open history store {str(self._path)!r}: {exc}")
-                ready.set_exception(exc)
-                return
-            try:
-                ready.set_result(dict(self._writer_seq))
-                self._write_batches(conn)
-            finally:
-                conn.close()
-        except Exception:
-            logger.exception("history store: writer thread failed")
-        finally:
-            hook.thread_stopped()
-            self._writer_stopped.set_result(None)
+    # ---- the transaction (on the loop or the writer thread, see sqlite_commits) ----
 
     def _open_writer(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
         """Open the write connection (see :func:`open_writer`) and load the writer's seq cache.
 
         ``busy_timeout_s`` replaces the configured busy timeout once the file is open.
+        Raises ``StoreError`` naming the path when the file cannot be opened.
         """
-        conn, self._writer_seq = open_writer(
-            self._path,
-            synchronous=self._synchronous,
-            open_timeout_s=self._busy_timeout_s,
-            busy_timeout_s=self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
-        )
+        try:
+            conn, self._writer_seq = open_writer(
+                self._path,
+                synchronous=self._synchronous,
+                open_timeout_s=self._busy_timeout_s,
+                busy_timeout_s=self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
+            )
+        except StoreError:
+            raise
+        except Exception as exc:
+            logger.exception("history store: opening %s failed", self._path)
+            raise StoreError(f"cannot open history store {str(self._path)!r}: {exc}") from exc
         return conn
 
-    def _write_batches(self, conn: sqlite3.Connection) -> None:
-        """Take up to ``batch_max`` queued messages at a time and commit them as one.
-
-        Between batches, and when woken idle for it, runs the hook's checkpoint.
-        """
-        loop = self._loop
-        assert loop is not None
-        queue = self._queue
-        hook = self._writer_hook
-        while True:
-            with self._cond:
-                while not queue and not self._stopping and not hook.pending:
-                    self._cond.wait(_IDLE_CHECK_S)
-                    if not queue and loop.is_closed():
-                        logger.warning("history store: event loop closed before close(); stopping")
-                        return
-                if not queue and self._stopping:
-                    return  # everything queued has been written
-                batch = [queue.popleft() for _ in range(min(len(queue), self._batch_max))]
-            if hook.pending:
-                hook.checkpoint()
-            if not batch:
-                continue  # woken for the hook only
-            with self._commit_lock:
-                seqs, room_seqs, error = self._commit(conn, batch)
-            try:
-                loop.call_soon_threadsafe(self._report, batch, seqs, room_seqs, error)
-            except RuntimeError:
-                logger.error(
-                    "history store: event loop closed; a batch of %d went unreported (%s)",
-                    len(batch),
-                    "committed" if error is None else "failed",
-                )
-                return
-
-    def _commit(
-        self, conn: sqlite3.Connection, batch: list[_Item]
-    ) -> tuple[list[int], dict[str, int], StoreError | None]:
+    def _commit(self, conn: sqlite3.Connection, batch: list[Item]) -> Outcome:
         """Write ``batch`` in one transaction; return its seqs, each room's last seq, the error.
 
         On failure nothing was written, the writer's seq cache is unchanged and the
@@ -626,56 +489,6 @@ class SqliteHistoryStore(LedgerStore):
         """Checkpointer thread: refuse (or accept again) submissions while the WAL is
         blocked past ``wal_max_bytes``."""
         self._wal_blocked = blocked
-
-    @property
-    def checkpoints(self) -> int:
-        """The checkpoints run so far."""
-        return self._checkpointer.checkpoints
-
-    @property
-    def checkpointer_tid(self) -> int | None:
-        """The checkpointer's thread id (Linux), None until its thread runs."""
-        return self._checkpointer.tid
-
-    @property
-    def checkpointer_idle(self) -> bool:
-        """Whether the checkpointer runs as ``SCHED_IDLE`` now."""
-        return self._checkpointer.idle
-
-    @property
-    def checkpoint_catch_ups(self) -> int:
-        """Times a checkpoint ran past ``CATCH_UP_AFTER_S`` and was put at normal priority."""
-        return self._checkpointer.catch_ups
-
-    @property
-    def restart_hold_seconds(self) -> PlainHistogram:
-        """How long each of the checkpointer's holds of the commits lasted (s)."""
-        return self._checkpointer.restart_hold_seconds
-
-    @property
-    def wal_restarts(self) -> int:
-        """How many of the checkpointer's holds restarted the WAL."""
-        return self._checkpointer.wal_restarts
-
-    @property
-    def wal_file_bytes(self) -> int:
-        """The WAL file's size at the checkpointer's last look."""
-        return self._checkpointer.wal_file_bytes
-
-    @property
-    def wal_file_bytes_max(self) -> int:
-        """The largest WAL file the checkpointer saw."""
-        return self._checkpointer.wal_file_bytes_max
-
-    @property
-    def slow_checkpoints(self) -> collections.deque[tuple[float, float, int]]:
-        """``(unix time, seconds, frames copied)`` of the last slow checkpoints."""
-        return self._checkpointer.slow_checkpoints
-
-    @property
-    def slow_restart_holds(self) -> collections.deque[tuple[float, float, int]]:
-        """``(unix time, seconds, 1 if the WAL restarted)`` of the last slow restart holds."""
-        return self._checkpointer.slow_restart_holds
 
     # ---- reads (on the reader's thread, see SqliteReader) --------------------
 

@@ -9,8 +9,9 @@ time on its core) unless one runs too long (see :meth:`Checkpointer._set_idle`).
 Beside a commit every millisecond a PASSIVE checkpoint never ends with nothing left,
 and SQLite starts the WAL again only after one did: so once the WAL holds
 ``WAL_RESTART_CHECKPOINTS`` checkpoints' worth, the checkpointer holds the commits for
-a few milliseconds (the store's ``commit_lock``: commits on the loop wait in a list;
-the loop goes on), copies the last frames and restarts the WAL itself (see
+a few milliseconds (the commits' :class:`~chat_server.store.sqlite_commits.CommitHold`:
+commits on the loop wait in the store's list, the loop goes on, and they resume when the
+checkpointer lets go), copies the last frames and restarts the WAL itself (see
 :meth:`Checkpointer._restart_wal`). The WAL file therefore stays near what comes in
 between two restarts, and a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth
 (a reader held checkpoints back) is cut back on the checkpointer's thread, never on the
@@ -26,7 +27,7 @@ refuses new submissions with ``unavailable`` until a checkpoint catches up, so w
 holds unchecked stays bounded.
 
 The checkpointer never takes part in a commit: the per-message path meets it only in
-the store's blocked flag and in ``commit_lock``, which it holds only while a restart
+the store's blocked flag and in the commits' hold, which it takes only while a restart
 copies the last frames.
 """
 
@@ -43,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from chat_server.store.sqlite_commits import CommitHold
 from chat_server.store.sqlite_schema import SCHEMA_VERSION
 from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
 
@@ -87,8 +89,7 @@ class Checkpointer:
     counters and the flags are written by the checkpointer thread (``catch_ups`` and,
     when a checkpoint is starved, ``idle`` by the loop) and read by the loop without a
     lock. ``on_blocked`` is called on the checkpointer thread each time the WAL becomes
-    blocked or free again; ``after_hold`` is scheduled on the loop each time a restart
-    let go of ``commit_lock``.
+    blocked or free again.
     """
 
     def __init__(
@@ -99,24 +100,22 @@ class Checkpointer:
         checkpoint_pages: int,
         idle_policy: bool,
         wal_max_bytes: int,
-        commit_lock: threading.Lock,
+        commit_hold: CommitHold,
         on_blocked: Callable[[bool], None],
-        after_hold: Callable[[], None],
     ) -> None:
         """Configure the checkpointer; no thread runs until :meth:`start`.
 
         ``synchronous`` is the ``PRAGMA synchronous`` value; ``idle_policy`` whether the
-        thread runs as ``SCHED_IDLE`` at all (``CHAT_DB_CHECKPOINTER``); ``commit_lock``
-        is the lock every commit holds, taken here while a restart copies the last frames.
+        thread runs as ``SCHED_IDLE`` at all (``CHAT_DB_CHECKPOINTER``); ``commit_hold``
+        is what every commit holds, taken here while a restart copies the last frames.
         """
         self._path = path
         self._synchronous = synchronous
         self._checkpoint_pages = checkpoint_pages
         self._idle_policy = idle_policy
         self._wal_max_bytes = wal_max_bytes
-        self._commit_lock = commit_lock
+        self._commit_hold = commit_hold
         self._on_blocked = on_blocked
-        self._after_hold = after_hold
 
         # Owned by the checkpointer thread (read by the loop without a lock).
         self._thread: threading.Thread | None = None
@@ -234,7 +233,7 @@ class Checkpointer:
                 if size >= threshold or self.wal_blocked:
                     frames = self._checkpoint(conn, page_size)
                     if frames >= restart_frames:
-                        self._restart_wal(conn, page_size, loop)
+                        self._restart_wal(conn, page_size)
             self._checkpoint(conn, page_size)
         finally:
             conn.close()
@@ -318,9 +317,7 @@ class Checkpointer:
                 logger.warning("history store: checkpoint caught up; accepting sends again")
         return wal_frames if wal_frames == copied else 0
 
-    def _restart_wal(
-        self, conn: sqlite3.Connection, page_size: int, loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def _restart_wal(self, conn: sqlite3.Connection, page_size: int) -> None:
         """Checkpointer: make the WAL start again from its beginning, holding the
         commits for a few milliseconds.
 
@@ -330,14 +327,14 @@ class Checkpointer:
         by every commit (``docs/decisions/0006-wal-restart.md``). So: PASSIVE
         passes without holding anything (still in the loop's idle time), each copying
         what came in during the one before, until one is short (``SHORT_PASS_S``); then,
-        at normal priority and holding ``commit_lock`` (a commit on the loop that finds
-        it held waits in the store's ``_pending``, the loop itself goes on), a
-        ``RESTART`` checkpoint copies the few frames the last pass let in, and a one-page
-        write (``PRAGMA user_version``, unchanged) restarts the WAL here. That write also
-        syncs the new WAL header (otherwise the loop's first commit after the restart
-        would), and cuts a file grown past ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth
-        back to that. An outside reader or writer in the way makes it give up until the
-        next time.
+        at normal priority and holding the commits (``commit_hold``: a commit on the loop
+        that finds it held waits in the store's list, the loop itself goes on, and it
+        resumes when this lets go), a ``RESTART`` checkpoint copies the few frames the
+        last pass let in, and a one-page write (``PRAGMA user_version``, unchanged)
+        restarts the WAL here. That write also syncs the new WAL header (otherwise the
+        loop's first commit after the restart would), and cuts a file grown past
+        ``WAL_FILE_LIMIT_RESTARTS`` restarts' worth back to that. An outside reader or
+        writer in the way makes it give up until the next time.
         """
         try:
             for _ in range(RESTART_PASSES_MAX):
@@ -348,7 +345,7 @@ class Checkpointer:
                     break
             # what follows holds the commits: it must not wait for the loop's idle time
             self._set_idle(False)
-            with self._commit_lock:
+            with self._commit_hold.held_by_checkpointer():
                 started = time.perf_counter()
                 try:
                     busy, _frames, _copied = conn.execute(
@@ -360,10 +357,6 @@ class Checkpointer:
                     logger.warning("history store: restarting the WAL failed: %s", exc)
                     busy = 1
                 held = time.perf_counter() - started
-            try:
-                loop.call_soon_threadsafe(self._after_hold)
-            except RuntimeError:
-                return  # the loop is closed
             self.restart_hold_seconds.observe(held)
             self.wal_restarts += not busy
             if held >= NOTABLE_LAG_S:

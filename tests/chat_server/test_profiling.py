@@ -11,6 +11,7 @@ import os
 import pstats
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -165,6 +166,43 @@ def test_a_run_that_already_holds_snapshots_exits_2_naming_profile_run(
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "PROFILE_RUN" in lines[0] and "taken" in lines[0], lines
+
+
+def test_a_start_that_cannot_listen_still_writes_the_profiles_last_snapshot(
+    tmp_path: Path, keys: KeyPair
+):
+    """Every resource start-up acquired is released on a failed start: the profiler,
+    started before the server listens, writes its last snapshot and the exit is 1."""
+    clean = {k: v for k, v in os.environ.items() if k not in {s.env for s in SPECS}}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "chat_server"],
+            env={
+                **clean,
+                "PYTHONPATH": str(ROOT),
+                "JWT_PUBLIC_KEY": str(keys.public_path),
+                "CHAT_DB": str(tmp_path / "chat.sqlite3"),
+                "CHAT_HOST": "127.0.0.1",
+                "CHAT_PORT": str(port),
+                "PROFILE": "cprofile",
+                "PROFILE_DIR": "profiles",
+                "PROFILE_RUN": "refused",
+            },
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 1, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
+    snapshots = sorted((tmp_path / "profiles" / "refused").glob("*.prof"))
+    assert snapshots, result.stderr
+    # the store closed before the last snapshot: its close is in it
+    assert calls(load(snapshots[-1]), "close", "chat_server/store/sqlite.py") >= 1
 
 
 async def test_each_worker_writes_its_own_run_and_sigusr1_reaches_them(

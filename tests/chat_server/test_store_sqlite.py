@@ -395,14 +395,14 @@ async def test_commits_never_checkpoint_the_checkpointer_does(
             store.submit(make_message(body="x" * 3000), None)
         await store.flush()
     assert db_path.stat().st_size == before_bytes
-    assert store.checkpoints == 0
+    assert store.checkpointer.checkpoints == 0
     await store.close()
 
     # a checkpointer that finds it big enough copies it back
     store, _ = await open_store(checkpoint_pages=4)
     store.submit(make_message(body="z" * 3000), None)
     await store.flush()
-    await wait_until(lambda: store.checkpoints > 0)
+    await wait_until(lambda: store.checkpointer.checkpoints > 0)
     assert db_path.stat().st_size > before_bytes + 1000 * 3000
     assert stored_seqs(db_path) == list(range(1, 1202))
 
@@ -417,26 +417,26 @@ async def test_the_checkpointer_runs_only_in_the_loops_idle_time(
     open_store: StoreFactory,
 ) -> None:
     store, _ = await open_store(checkpoint_pages=4)
-    await wait_until(lambda: store.checkpointer_tid is not None)
-    assert policy_of(store.checkpointer_tid) == os.SCHED_IDLE
+    await wait_until(lambda: store.checkpointer.tid is not None)
+    assert policy_of(store.checkpointer.tid) == os.SCHED_IDLE
     # it still checkpoints (the test's loop sleeps: the core has idle time)
     for _ in range(5):
         store.submit(make_message(body="x" * 3000), None)
     await store.flush()
-    await wait_until(lambda: store.checkpoints > 0)
-    assert store.checkpoint_catch_ups == 0
-    assert policy_of(store.checkpointer_tid) == os.SCHED_IDLE
+    await wait_until(lambda: store.checkpointer.checkpoints > 0)
+    assert store.checkpointer.catch_ups == 0
+    assert policy_of(store.checkpointer.tid) == os.SCHED_IDLE
 
 
 async def test_checkpointer_normal_keeps_it_at_normal_priority(open_store: StoreFactory) -> None:
     store, _ = await open_store(checkpoint_pages=4, checkpointer_idle=False)
-    await wait_until(lambda: store.checkpointer_tid is not None)
+    await wait_until(lambda: store.checkpointer.tid is not None)
     for _ in range(5):
         store.submit(make_message(body="x" * 3000), None)
     await store.flush()
-    await wait_until(lambda: store.checkpoints > 0)
-    assert policy_of(store.checkpointer_tid) == os.SCHED_OTHER
-    assert not store.checkpointer_idle
+    await wait_until(lambda: store.checkpointer.checkpoints > 0)
+    assert policy_of(store.checkpointer.tid) == os.SCHED_OTHER
+    assert not store.checkpointer.idle
 
 
 # commits on the loop: the busy loop is then all the store's work on that core (the
@@ -446,16 +446,16 @@ async def test_a_checkpoint_starved_of_idle_time_is_raised_to_normal_priority(
     open_store: StoreFactory,
 ) -> None:
     store, _ = await open_store(checkpoint_pages=400)
-    await wait_until(lambda: store.checkpointer_tid is not None)
+    await wait_until(lambda: store.checkpointer.tid is not None)
     # the loop and the checkpointer on one core, and the loop never idle: a SCHED_IDLE
     # checkpointer gets almost none of it, so its checkpoints outlast CATCH_UP_AFTER_S
     core = min(os.sched_getaffinity(0))
     ours = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {core})
-    os.sched_setaffinity(store.checkpointer_tid or 0, {core})
+    os.sched_setaffinity(store.checkpointer.tid or 0, {core})
     try:
         async with asyncio.timeout(30):
-            while store.checkpoint_catch_ups == 0:
+            while store.checkpointer.catch_ups == 0:
                 for _ in range(50):
                     store.submit(make_message(body="x" * 3000), None)
                 spin_until = time.monotonic() + 0.05
@@ -467,8 +467,38 @@ async def test_a_checkpoint_starved_of_idle_time_is_raised_to_normal_priority(
     finally:
         os.sched_setaffinity(0, ours)
     # with idle time again, it goes back to SCHED_IDLE once that checkpoint ends
-    await wait_until(lambda: policy_of(store.checkpointer_tid) == os.SCHED_IDLE)
-    assert store.checkpointer_idle
+    await wait_until(lambda: policy_of(store.checkpointer.tid) == os.SCHED_IDLE)
+    assert store.checkpointer.idle
+
+
+async def test_sends_held_by_a_wal_restart_are_committed_when_it_lets_go(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, recorder = await open_store()
+    taken, let_go = threading.Event(), threading.Event()
+
+    def restart() -> None:  # as the checkpointer holds the commits to restart the WAL
+        with store.checkpointer._commit_hold.held_by_checkpointer():
+            taken.set()
+            let_go.wait(30)
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        assert taken.wait(30)
+        held = [make_message(body=f"held {i}") for i in range(3)]
+        for message in held:
+            store.submit(message, None)
+        await asyncio.sleep(0.05)  # iterations pass: nothing commits while it holds
+        assert [m.seq for m in held] == [0, 0, 0]
+        assert recorder.results == []
+    finally:
+        let_go.set()
+        await asyncio.to_thread(thread.join)
+    # no other send comes: letting go is what resumes them
+    await wait_until(lambda: held[-1].seq == 3)
+    assert [m.seq for m in held] == [1, 2, 3]
+    assert stored_seqs(db_path) == [1, 2, 3]
 
 
 async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
@@ -495,8 +525,8 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
             biggest = max(biggest, wal.stat().st_size)
     await store.flush()
 
-    assert store.wal_restarts >= 2
-    assert store.restart_hold_seconds.count >= store.wal_restarts
+    assert store.checkpointer.wal_restarts >= 2
+    assert store.checkpointer.restart_hold_seconds.count >= store.checkpointer.wal_restarts
     # 16 checkpoints' worth restarts it, a file past 4 restarts' worth is cut back: what
     # comes in while a checkpoint waits for idle time (up to CATCH_UP_AFTER_S on a busy
     # machine, then it is raised) is all that can lie on top of that. 8 MiB held until
@@ -504,14 +534,14 @@ async def test_the_wal_restarts_under_steady_commits_and_its_file_stays_bounded(
     # restart the file grows to 35-41 MB here, so 16 MiB still tells the two apart
     assert biggest < 16 << 20
     notable = store.notable()["checkpointer"]
-    assert notable["wal_restarts"] == store.wal_restarts
+    assert notable["wal_restarts"] == store.checkpointer.wal_restarts
     assert sum(notable["restart_hold_buckets"].values()) == notable["restart_holds"]
     assert 0 < notable["wal_file_bytes_max"] < 16 << 20  # the same bound, as /stats reports it
     # the holds' histogram as /metrics reads it (chat_wal_restart_hold_seconds)
     stats = store.stats()
     assert stats.restart_hold_counts is not None
-    assert sum(stats.restart_hold_counts) == store.restart_hold_seconds.count
-    assert stats.restart_hold_sum_s == store.restart_hold_seconds.sum > 0
+    assert sum(stats.restart_hold_counts) == store.checkpointer.restart_hold_seconds.count
+    assert stats.restart_hold_sum_s == store.checkpointer.restart_hold_seconds.sum > 0
     # nothing held for the restart was lost or misnumbered
     assert not recorder.failed()
     for room, messages in sent.items():
@@ -539,10 +569,10 @@ async def test_a_wal_file_grown_behind_a_reader_is_cut_back_when_it_restarts(
     assert grown > 2 << 20
     reader.execute("COMMIT")
     reader.close()
-    restarts = store.wal_restarts
+    restarts = store.checkpointer.wal_restarts
     # one more send a poll, until the checkpointer has restarted the WAL
     async with asyncio.timeout(30):
-        while store.wal_restarts == restarts:
+        while store.checkpointer.wal_restarts == restarts:
             store.submit(make_message(body="after"), None)
             await store.flush()
             await asyncio.sleep(0.05)

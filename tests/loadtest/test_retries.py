@@ -3,14 +3,17 @@ flight, the next session resends every unacked send, and the room holds each exa
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from chat_server.codecs import get_codec
-from loadtest.client import Ledger, Session
+from loadtest.client import HandshakeFailed, Ledger, Session
 from tests.support import KeyPair, ServerProcess, stored_history
 
 ROOM = "load-retry"
@@ -79,3 +82,14 @@ async def test_unacked_sends_are_retried_with_their_refs_and_stored_once(
     assert sorted(counts) == sorted(expected)
     assert max(counts.values()) == 1
     second.close()
+
+
+async def test_a_refused_handshake_carries_its_status_as_data(server: ServerProcess):
+    """The load test decides by the refusal's status (a 401 means log in again), not by
+    parsing its text."""
+    reports: list[dict[str, Any]] = []
+    session = Session(get_codec("orjson"), Ledger(), lambda **r: reports.append(r), "x", ROOM)
+    with pytest.raises(HandshakeFailed) as refused:
+        await asyncio.to_thread(session.connect, server.url, "not-a-token")
+    assert refused.value.status == 401, refused.value
+    assert reports and reports[-1]["exception"] is refused.value

@@ -1,0 +1,152 @@
+"""Rooms shared between processes through a broker (``BROKER=redis``).
+
+The store's commit script publishes, so a committed message reaches this process's
+members when the broker hears it back (:meth:`SharedDelivery.delivered`). An ack
+waits until this process has delivered its message, so the sender sees its
+``message`` before its ``ack`` as with one process. Joining a room the broker does
+not hold yet waits for it to subscribe; the session's later frames wait behind the
+join, in order (:meth:`SharedDelivery.gate`).
+
+It is the broker's listener: the broker reports the messages it hears, the rooms
+whose ``last_seq`` jumped, presence, and the rooms the core closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Collection
+from typing import Any
+
+from chat_server.broker.base import Broker
+from chat_server.core.chat import ChatCore, Session
+from chat_server.core.validation import check_room, check_since
+from chat_server.delivery.base import Delivery, Payload
+from chat_server.errors import Unavailable
+from chat_server.messages import Join, Message
+from chat_server.metrics import Counters
+
+#: frames a session may send while its join waits for the broker; past it: unavailable
+HELD_FRAMES_MAX = 256
+#: on SIGTERM: how long acks may wait for their message's delivery
+ACK_DRAIN_WAIT_S = 2.0
+#: a seq above every real one: release every waiting ack of a room
+_EVERY_SEQ = 2**63
+
+
+class SharedDelivery(Delivery):
+    """Acks after delivery, joins after subscribing, held frames, shared presence."""
+
+    def __init__(self, core: ChatCore, counters: Counters, broker: Broker) -> None:
+        super().__init__(core, counters)
+        self.broker = broker
+        #: room -> sends committed here, waiting for their delivery to be acked (seq order)
+        self.pending_acks: dict[str, deque[tuple[Message, Session]]] = {}
+        #: sessions whose join waits for the broker -> the frames they sent meanwhile
+        self.held: dict[Session, deque[Payload]] = {}
+        broker.report_to(self)
+
+    # ---- what the service calls ---------------------------------------------------------
+
+    def committed(self, items: list[tuple[Message, Session]]) -> None:
+        """Ack what Redis committed once this process delivered it (the store published it)."""
+        core = self.core
+        last_seq = core.last_seq  # the broker's: what this process delivered
+        pending = self.pending_acks
+        for message, session in items:
+            room = message.room
+            waiting = pending.get(room)
+            if waiting is not None:
+                waiting.append((message, session))
+            elif room in core.rooms and last_seq(room) < message.seq:
+                pending[room] = deque([(message, session)])
+            else:
+                self.ack(session, message)
+
+    def join_ready(self, session: Session, message: Join) -> bool:
+        """True when the broker holds the room; else hold the session's later frames."""
+        check_since(message.since)
+        check_room(message.room)
+        if self.broker.is_ready(message.room):
+            return True
+        self.held[session] = deque()
+        return False
+
+    async def prepare(self, room: str) -> None:
+        """Subscribe to ``room`` and apply its snapshot; ``BrokerUnavailable`` if that fails."""
+        await self.broker.prepare(room)
+
+    def joined(self, session: Session, room: str) -> deque[Payload]:
+        """The join ended: let the broker drop an unused room; return the held frames."""
+        if room not in self.core.rooms:
+            self.broker.release(room)
+        return self.held.pop(session, None) or deque()
+
+    def gate(self, session: Session, payload: Payload) -> bool:
+        """Hold a frame sent while the session's join waits; :class:`Unavailable` past the
+        bound."""
+        held = self.held.get(session)
+        if held is None:
+            return True
+        if len(held) >= HELD_FRAMES_MAX:
+            raise Unavailable("too many frames in a join")
+        held.append(payload)
+        return False
+
+    def forget(self, session: Session) -> None:
+        """The session closed: drop what it held."""
+        self.held.pop(session, None)
+
+    async def drain(self) -> None:
+        """On SIGTERM: give committed messages a moment to be heard back, then ack them."""
+        deadline = time.monotonic() + ACK_DRAIN_WAIT_S
+        while self.pending_acks and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for room in list(self.pending_acks):
+            self.jumped(room, _EVERY_SEQ)
+
+    def stats(self) -> dict[str, Any]:
+        """The broker's counters and the acks waiting for their delivery."""
+        return {
+            "broker": self.broker.stats(),
+            "pending_acks": sum(map(len, self.pending_acks.values())),
+        }
+
+    # ---- what the broker reports (BrokerListener) ------------------------------------------
+
+    def delivered(self, message: Message) -> None:
+        """Deliver a message the broker heard, then ack the sends it completes."""
+        self.core.deliver(message)
+        self.counters.delivery_latency.observe(time.time_ns() / 1e6 - message.ts)
+        if self.pending_acks and message.room in self.pending_acks:
+            self.jumped(message.room, message.seq)
+
+    def jumped(self, room: str, last_seq: int) -> None:
+        """Ack the room's waiting sends with ``seq <= last_seq``."""
+        waiting = self.pending_acks.get(room)
+        if not waiting:
+            return
+        ack = self.ack
+        while waiting and waiting[0][0].seq <= last_seq:
+            message, session = waiting.popleft()
+            ack(session, message)
+        if not waiting:
+            del self.pending_acks[room]
+
+    def closed(self, room: str) -> None:
+        """The core closed the room (its last local member left): ack what waited for it."""
+        self.jumped(room, _EVERY_SEQ)
+
+    def announce(self, room: str, user: str, present: bool) -> None:
+        """The room's shared member set changed: tell the local members."""
+        self.core.remote_presence(room, user, present)
+
+    def local_users(self, room: str) -> Collection[str]:
+        """The users this process holds in ``room``."""
+        found = self.core.rooms.get(room)
+        return () if found is None else found.users.keys()
+
+    def local_rooms(self) -> dict[str, Collection[str]]:
+        """Every room this process holds, with its users."""
+        return {name: list(room.users) for name, room in self.core.rooms.items()}
