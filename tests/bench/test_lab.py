@@ -88,8 +88,9 @@ def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) 
         assert step.window_s > 0.5 and step.server_cpu_s is not None and step.server_cpu_s > 0
         assert step.server_us_per_frame is not None and step.server_us_per_frame > 0
         assert step.others_cpu_s is not None and step.steal_s is not None
-        # the chat server acks every send (one sent just before a step is acked in it)
-        assert 0.9 * step.sent <= step.acks <= 1.1 * step.sent
+        # the chat server acks every send once: sends from just before a step are acked in
+        # it (a fraction of a second's worth on a loaded machine), a doubled ack is 2x
+        assert 0.9 * step.sent <= step.acks <= 1.5 * step.sent
     assert all(run.host for run in results.runs)
     for step in json_run.steps + pb_run.steps:
         assert step.sent > 0
