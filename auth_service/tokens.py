@@ -34,7 +34,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -136,8 +136,14 @@ def load_or_create_keys(files: KeyFiles, ttl_s: int, now_s: float | None = None)
     return _keyring(files, private_key, entries)
 
 
-def rotate_key(files: KeyFiles, ttl_s: int, now_s: float | None = None) -> tuple[Keyring, str]:
-    """Make a new signing key; the old one's public key stays served. Returns (keyring, old kid)."""
+def rotate_key(
+    files: KeyFiles, ttl_s: int, now_s: float | None = None, *, revoke: bool = False
+) -> tuple[Keyring, str]:
+    """Make a new signing key; the old one's public key stays served. Returns (keyring, old kid).
+
+    ``revoke``: every older key leaves the keyring at once (a leaked key): tokens they
+    signed stop verifying wherever the JWK set is refreshed.
+    """
     now = int(time.time() if now_s is None else now_s)
     old = load_or_create_keys(files, ttl_s, now)
     private_key = Ed25519PrivateKey.generate()
@@ -147,6 +153,11 @@ def rotate_key(files: KeyFiles, ttl_s: int, now_s: float | None = None) -> tuple
     entries = _read_entries(files)
     _make_active(entries, kid, now)
     _prune(files, entries, now, ttl_s)
+    if revoke:
+        for entry in [e for e in entries if e["kid"] != kid]:
+            entries.remove(entry)
+            with suppress(FileNotFoundError):
+                (files.keyring.parent / entry["public_key"]).unlink()
     _write_entries(files, entries)
     _write_if_changed("JWT_PUBLIC_KEY", files.public_key, private_key.public_key())
     return _keyring(files, private_key, entries), old.kid
@@ -223,6 +234,11 @@ def _keyring(
     return Keyring(kid, private_key, tuple(keys))
 
 
+def read_private_key(path: Path) -> Ed25519PrivateKey | None:
+    """The Ed25519 key in ``path`` (None when there is no file); SettingError when unusable."""
+    return _read_private_key(path)
+
+
 def _read_private_key(path: Path) -> Ed25519PrivateKey | None:
     try:
         mode = path.stat().st_mode & 0o777
@@ -260,6 +276,11 @@ def _write_private_key(path: Path, key: Ed25519PrivateKey) -> None:
         serialization.NoEncryption(),
     )
     _write_file("JWT_PRIVATE_KEY", path, pem, 0o600)
+
+
+def write_public_key(path: Path, key: Ed25519PublicKey) -> None:
+    """Write ``JWT_PUBLIC_KEY`` atomically unless it holds ``key``; SettingError if it cannot."""
+    _write_if_changed("JWT_PUBLIC_KEY", path, key)
 
 
 def _write_if_changed(setting: str, path: Path, key: Ed25519PublicKey) -> None:
@@ -326,57 +347,42 @@ def _write_file(setting: str, path: Path, data: bytes, mode: int) -> None:
 # ---- issuing ---------------------------------------------------------------------------
 
 
-class TokenIssuer:
-    """Signs tokens with the current signing key and serves the JWK set.
+class KeySource(Protocol):
+    """Where a :class:`TokenIssuer` takes its keys: the files here, or the database's keyring."""
 
-    The keyring file is looked at (one ``stat``) at most once a second, from
-    :meth:`refresh`; when it has been replaced, the keys are read again and the new
-    signing key signs from then on. Keys that do not agree (a rotation half done)
-    leave the current ones in place until the next look.
+    def signing_key(self, now_s: float) -> tuple[str, Ed25519PrivateKey]:
+        """The ``kid`` and private key that sign a token issued at ``now_s``."""
+        ...
+
+    def served(self, now_s: float, ttl_s: int) -> tuple[PublicKey, ...]:
+        """The public keys of the JWK set at ``now_s``."""
+        ...
+
+
+class FileKeys:
+    """The keys in the files (one replica): the signing key signs from the moment it is made.
+
+    The keyring file is looked at (one ``stat``) at most once a second; when it has been
+    replaced, the keys are read again and the new signing key signs from then on. Keys
+    that do not agree (a rotation half done) leave the current ones in place until the
+    next look.
     """
 
-    def __init__(
-        self,
-        files: KeyFiles,
-        keyring: Keyring,
-        *,
-        issuer: str,
-        audience: str,
-        ttl_s: int,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, files: KeyFiles, keyring: Keyring) -> None:
         self.files = files
         self.keyring = keyring
-        self.issuer = issuer
-        self.audience = audience
-        self.ttl_s = ttl_s
-        self._clock = clock
         self._keyring_stat = self._stat_keyring()
         self._next_look_s = time.monotonic() + REFRESH_INTERVAL_S
 
-    def issue(self, username: str) -> str:
-        """A signed token for ``username`` (sub, iss, aud, iat, exp, jti; ``kid`` header)."""
+    def signing_key(self, now_s: float) -> tuple[str, Ed25519PrivateKey]:
+        """The keyring's signing key (after taking up a rotation done since the last look)."""
         self.refresh()
-        now = int(self._clock())
-        payload = {
-            "sub": username,
-            "iss": self.issuer,
-            "aud": self.audience,
-            "iat": now,
-            "exp": now + self.ttl_s,
-            "jti": uuid.uuid4().hex,
-        }
-        return jwt.encode(
-            payload,
-            self.keyring.private_key,
-            algorithm=ALGORITHM,
-            headers={"kid": self.keyring.kid},
-        )
+        return self.keyring.kid, self.keyring.private_key
 
-    def jwks(self) -> dict[str, list[dict[str, str]]]:
-        """The JWK set: the signing key and the retired keys whose tokens may still be live."""
+    def served(self, now_s: float, ttl_s: int) -> tuple[PublicKey, ...]:
+        """The signing key and the retired keys whose tokens may still be live."""
         self.refresh()
-        return {"keys": [key.jwk() for key in self.keyring.served(self._clock(), self.ttl_s)]}
+        return self.keyring.served(now_s, ttl_s)
 
     def refresh(self) -> None:
         """Take up a rotation done since the last look (looks at most once a second)."""
@@ -403,3 +409,42 @@ class TokenIssuer:
         except OSError:
             return None
         return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+
+class TokenIssuer:
+    """Signs tokens with the signing key of the moment and serves the JWK set."""
+
+    def __init__(
+        self,
+        keys: KeySource,
+        *,
+        issuer: str,
+        audience: str,
+        ttl_s: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.keys = keys
+        self.issuer = issuer
+        self.audience = audience
+        self.ttl_s = ttl_s
+        self._clock = clock
+
+    def issue(self, username: str) -> str:
+        """A signed token for ``username`` (sub, iss, aud, iat, exp, jti; ``kid`` header)."""
+        now_s = self._clock()
+        kid, private_key = self.keys.signing_key(now_s)
+        now = int(now_s)
+        payload = {
+            "sub": username,
+            "iss": self.issuer,
+            "aud": self.audience,
+            "iat": now,
+            "exp": now + self.ttl_s,
+            "jti": uuid.uuid4().hex,
+        }
+        return jwt.encode(payload, private_key, algorithm=ALGORITHM, headers={"kid": kid})
+
+    def jwks(self) -> dict[str, list[dict[str, str]]]:
+        """The JWK set: every public key a token may carry now or is about to."""
+        keys = self.keys.served(self._clock(), self.ttl_s)
+        return {"keys": [key.jwk() for key in keys]}
