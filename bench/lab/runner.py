@@ -764,15 +764,8 @@ def run_matrix(
         ceilings=dict(ceilings or {}),
     )
     results_path = out_dir / "results.json"
-    lab = Lab(
-        out_dir,
-        repeat,
-        server_cores,
-        generator_cores,
-        progress=progress,
-        results=results,
-        auth_urls=auth_urls,
-    )
+    lab = Lab(out_dir, repeat, server_cores, generator_cores, progress=progress, results=results)
+    lab.auth_urls = auth_urls
     try:
         if any(c.target == "chat" for c in matrix.configs):
             if progress is not None:
