@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import jwt
 import psycopg
 import pytest
 
@@ -187,3 +188,21 @@ def test_migrate_users_moves_sqlite_users_and_the_key_to_postgresql(
     # the file's key became the keyring's first: tokens issued before the move stay good
     assert [key["kid"] for key in postgres.jwks()["keys"]] == [kid]
     assert postgres.token("hal", PASSWORD) != token
+
+
+def test_rotate_key_revoke_in_the_database_replaces_every_key_on_every_replica(
+    start_auth: Callable[..., AuthProcess], tmp_path: Path, auth_db_url: str
+):
+    a, b = _replicas(start_auth, tmp_path, 2, auth_db_url=auth_db_url)
+    assert a.register("judy", PASSWORD).status == 201
+    old_kid = a.jwks()["keys"][0]["kid"]
+    revoked = b.run("rotate-key", "--revoke")
+    assert revoked.returncode == 0, revoked.stderr
+    assert urlsplit(auth_db_url).password not in revoked.stdout + revoked.stderr
+    deadline = time.monotonic() + 10
+    while old_kid in {key["kid"] for r in (a, b) for key in r.jwks()["keys"]}:
+        assert time.monotonic() < deadline, "a replica kept serving the revoked key"
+        time.sleep(0.2)
+    (new_kid,) = {key["kid"] for key in a.jwks()["keys"]}
+    token = a.token("judy", PASSWORD)
+    assert jwt.get_unverified_header(token)["kid"] == new_kid  # it signs at once
