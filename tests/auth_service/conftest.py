@@ -41,6 +41,24 @@ def start_auth(tmp_path: Path) -> Iterator[Callable[..., AuthProcess]]:
         service.stop()
 
 
+@pytest.fixture
+def start_replicas(
+    start_auth: Callable[..., AuthProcess], tmp_path: Path
+) -> Callable[..., list[AuthProcess]]:
+    """Start ``count`` auth services with the same settings (one ``AUTH_DB_URL``: replicas),
+    each in its own directory with its own key files; stopped after."""
+
+    def start(count: int, **settings: Any) -> list[AuthProcess]:
+        replicas = []
+        for _ in range(count):
+            workdir = tmp_path / f"replica-{uuid.uuid4().hex[:8]}"
+            workdir.mkdir()
+            replicas.append(start_auth(workdir, **settings))
+        return replicas
+
+    return start
+
+
 #: where users and keys live: the default SQLite and key files, or PostgreSQL
 STORES = ("sqlite", "postgresql")
 

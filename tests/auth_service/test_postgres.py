@@ -19,18 +19,6 @@ from chatlab.postgres import PostgresProcess
 PASSWORD = "correct horse"
 
 
-def _replicas(
-    start_auth: Callable[..., AuthProcess], tmp_path: Path, count: int, **settings: str
-) -> list[AuthProcess]:
-    """``count`` auth services on one database, each in its own directory (own key files)."""
-    replicas = []
-    for index in range(count):
-        workdir = tmp_path / f"replica{index}"
-        workdir.mkdir()
-        replicas.append(start_auth(workdir, **settings))
-    return replicas
-
-
 def _at_once(calls: list[Callable[[], HttpReply]]) -> list[int]:
     """Make the calls from one thread each, released together; their statuses in order."""
     barrier = threading.Barrier(len(calls))
@@ -49,9 +37,9 @@ def _at_once(calls: list[Callable[[], HttpReply]]) -> list[int]:
 
 
 def test_replicas_share_users_and_one_keyring(
-    start_auth: Callable[..., AuthProcess], tmp_path: Path, auth_db_url: str
+    start_replicas: Callable[..., list[AuthProcess]], auth_db_url: str
 ):
-    a, b = _replicas(start_auth, tmp_path, 2, auth_db_url=auth_db_url)
+    a, b = start_replicas(2, auth_db_url=auth_db_url)
     assert a.register("Carol", PASSWORD).status == 201
     assert b.register("carol", PASSWORD).status == 409
     reply = b.login("CAROL", PASSWORD)
@@ -62,9 +50,9 @@ def test_replicas_share_users_and_one_keyring(
 
 
 def test_two_replicas_registering_one_name_at_once_give_one_201_and_one_409(
-    start_auth: Callable[..., AuthProcess], tmp_path: Path, auth_db_url: str
+    start_replicas: Callable[..., list[AuthProcess]], auth_db_url: str
 ):
-    a, b = _replicas(start_auth, tmp_path, 2, auth_db_url=auth_db_url)
+    a, b = start_replicas(2, auth_db_url=auth_db_url)
     for index in range(8):
         name = f"race{index}"
         statuses = _at_once(
@@ -191,9 +179,9 @@ def test_migrate_users_moves_sqlite_users_and_the_key_to_postgresql(
 
 
 def test_rotate_key_revoke_in_the_database_replaces_every_key_on_every_replica(
-    start_auth: Callable[..., AuthProcess], tmp_path: Path, auth_db_url: str
+    start_replicas: Callable[..., list[AuthProcess]], auth_db_url: str
 ):
-    a, b = _replicas(start_auth, tmp_path, 2, auth_db_url=auth_db_url)
+    a, b = start_replicas(2, auth_db_url=auth_db_url)
     assert a.register("judy", PASSWORD).status == 201
     old_kid = a.jwks()["keys"][0]["kid"]
     revoked = b.run("rotate-key", "--revoke")

@@ -40,30 +40,33 @@ def _logins_answered(replica: AuthProcess) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _replicas(
-    start_auth: Callable[..., AuthProcess], tmp_path: Path, count: int, **settings: str
-) -> list[AuthProcess]:
-    replicas = []
-    for index in range(count):
-        workdir = tmp_path / f"replica{index}"
-        workdir.mkdir()
-        replicas.append(start_auth(workdir, **settings))
-    return replicas
+@pytest.fixture
+def chat_in_front(
+    start_server: Callable[..., ServerProcess], tmp_path: Path
+) -> Callable[[list[AuthProcess]], ServerProcess]:
+    """Start a chat server taking its keys from every replica's JWK set (refreshed each second)."""
+
+    def start(replicas: list[AuthProcess]) -> ServerProcess:
+        (tmp_path / "chat").mkdir()
+        return start_server(
+            tmp_path / "chat",
+            event_loop="asyncio",
+            jwt_jwks_url=_jwks_urls(replicas),
+            jwks_refresh_s=1,
+        )
+
+    return start
 
 
 async def test_a_token_from_one_replica_verifies_after_another_rotates_with_no_401(
-    start_auth: Callable[..., AuthProcess],
-    start_server: Callable[..., ServerProcess],
-    tmp_path: Path,
+    start_replicas: Callable[..., list[AuthProcess]],
+    chat_in_front: Callable[[list[AuthProcess]], ServerProcess],
     auth_db_url: str,
 ):
     # the rule: a key is published AUTH_KEY_ACTIVATION_S before it signs, which is more
     # than the chat server's JWKS_REFRESH_S + its fetch timeout
-    a, b = _replicas(start_auth, tmp_path, 2, auth_db_url=auth_db_url, auth_key_activation_s=8)
-    (tmp_path / "chat").mkdir()
-    chat = start_server(
-        tmp_path / "chat", event_loop="asyncio", jwt_jwks_url=_jwks_urls([a, b]), jwks_refresh_s=1
-    )
+    a, b = start_replicas(2, auth_db_url=auth_db_url, auth_key_activation_s=8)
+    chat = chat_in_front([a, b])
     assert a.register("alice", PASSWORD).status == 201
     old_token = a.token("alice", PASSWORD)
     assert await opens_chat(chat, old_token)
@@ -92,16 +95,12 @@ async def test_a_token_from_one_replica_verifies_after_another_rotates_with_no_4
 
 
 async def test_a_replica_killed_under_login_load_loses_no_registration(
-    start_auth: Callable[..., AuthProcess],
-    start_server: Callable[..., ServerProcess],
-    tmp_path: Path,
+    start_replicas: Callable[..., list[AuthProcess]],
+    chat_in_front: Callable[[list[AuthProcess]], ServerProcess],
     auth_db_url: str,
 ):
-    a, b = _replicas(start_auth, tmp_path, 2, auth_db_url=auth_db_url, hash_pool_size=1)
-    (tmp_path / "chat").mkdir()
-    chat = start_server(
-        tmp_path / "chat", event_loop="asyncio", jwt_jwks_url=_jwks_urls([a, b]), jwks_refresh_s=1
-    )
+    a, b = start_replicas(2, auth_db_url=auth_db_url, hash_pool_size=1)
+    chat = chat_in_front([a, b])
     client = AuthClient([a.url(), b.url()], timeout_s=10, max_attempts=3)
     created: list[str] = []
     failures: list[str] = []
