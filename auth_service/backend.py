@@ -34,7 +34,8 @@ class Backend:
     users: Users
     keys: KeySource
     database: Database | None = None
-    _refresh: asyncio.Task[None] | None = None
+    #: the task re-reading the shared keyring (database mode)
+    refresh_task: asyncio.Task[None] | None = None
 
     def signing_kid(self) -> str:
         """The kid signing now (for the start-up log)."""
@@ -42,10 +43,10 @@ class Backend:
 
     async def close(self) -> None:
         """Stop re-reading the keyring, close the users and the database."""
-        if self._refresh is not None:
-            self._refresh.cancel()
+        if self.refresh_task is not None:
+            self.refresh_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._refresh
+                await self.refresh_task
         await self.users.close()
         if self.database is not None:
             await self.database.close()
@@ -86,7 +87,7 @@ async def open_backend(settings: Settings, *, create_keys: bool = True) -> Backe
     if create_keys:
         _write_public_key(files, keys)
     backend = Backend(PostgresUsers(database), keys, database)
-    backend._refresh = asyncio.ensure_future(keys.refresh_forever())
+    backend.refresh_task = asyncio.ensure_future(keys.refresh_forever())
     return backend
 
 

@@ -1,6 +1,8 @@
 """Signing keys on disk, the keyring, token issuance and the JWK set.
 
-Files (paths from the settings):
+:class:`TokenIssuer` signs with a :class:`KeySource`: :class:`FileKeys` here (one
+replica, ``AUTH_DB_URL`` empty), or the keyring every replica shares in PostgreSQL
+(:mod:`auth_service.keys_postgres`). Files (paths from the settings):
 
 ``JWT_PRIVATE_KEY``
     The one signing key, Ed25519, PEM, mode 0600. Created on first start; a file
@@ -20,7 +22,7 @@ A key's ``kid`` is base64url of the first 8 bytes of SHA-256 of its raw public k
 stable across restarts and the same wherever it is computed. Key material is never
 logged. :func:`rotate_key` writes the new public PEM, then the private key, then the
 keyring, each by atomic rename; a running service notices the keyring's change
-(:meth:`TokenIssuer.refresh`, at most once a second) and signs with the new key.
+(:meth:`FileKeys.refresh`, at most once a second) and signs with the new key.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def load_or_create_keys(files: KeyFiles, ttl_s: int, now_s: float | None = None)
     PEM it names exists, and ``JWT_PUBLIC_KEY`` holds the signing key's public key.
     """
     now = int(time.time() if now_s is None else now_s)
-    private_key = _read_private_key(files.private_key)
+    private_key = read_private_key(files.private_key)
     if private_key is None:
         private_key = Ed25519PrivateKey.generate()
         _write_private_key(files.private_key, private_key)
@@ -165,7 +167,7 @@ def rotate_key(
 
 def read_keys(files: KeyFiles) -> Keyring:
     """Read the keys as they are, writing nothing; SettingError if they do not agree."""
-    private_key = _read_private_key(files.private_key)
+    private_key = read_private_key(files.private_key)
     if private_key is None:
         raise SettingError("JWT_PRIVATE_KEY", str(files.private_key), "the file is missing")
     kid = key_id(private_key.public_key())
@@ -236,10 +238,6 @@ def _keyring(
 
 def read_private_key(path: Path) -> Ed25519PrivateKey | None:
     """The Ed25519 key in ``path`` (None when there is no file); SettingError when unusable."""
-    return _read_private_key(path)
-
-
-def _read_private_key(path: Path) -> Ed25519PrivateKey | None:
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
