@@ -55,7 +55,7 @@ SCHEMA: Final = (
         password_hash TEXT NOT NULL,
         created_at BIGINT NOT NULL
     )""",
-    # the keyring every replica shares (auth_service.keyring_db)
+    # the keyring every replica shares (auth_service.keys_postgres)
     """CREATE TABLE IF NOT EXISTS signing_keys (
         kid TEXT PRIMARY KEY,
         private_pem TEXT NOT NULL,
