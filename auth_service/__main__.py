@@ -1,10 +1,11 @@
 """``python -m auth_service``: build Settings, then serve until SIGTERM/SIGINT; or rotate-key,
-or wait for a service started in the background.
+migrate-users, or wait for a service started in the background.
 
-Exit status: 0 after a graceful stop, a rotation or a wait that saw the service
-answer, 2 for a bad setting (one line naming the variable, the value and what is
-allowed: also a private key whose mode is looser than 0600), 1 for any other failure
-at start (such as a port in use) or a wait that timed out.
+Exit status: 0 after a graceful stop, a rotation, a migration or a wait that saw the
+service answer, 2 for a bad setting (one line naming the variable, the value and what
+is allowed: also a private key whose mode is looser than 0600, or an ``AUTH_DB_URL``
+that cannot be reached at start), 1 for any other failure at start (such as a port in
+use) or a wait that timed out.
 """
 
 from __future__ import annotations
@@ -17,21 +18,20 @@ import sys
 import time
 import urllib.request
 from contextlib import suppress
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
 from auth_service.app import build_api, create_app, server_config
+from auth_service.backend import open_backend, open_database
+from auth_service.errors import Unavailable
+from auth_service.keys_postgres import rotate_keyring
 from auth_service.passwords import Argon2Params, PasswordPool
 from auth_service.settings import SettingError, Settings, settings_help
-from auth_service.tokens import (
-    RETIRED_KEY_LEEWAY_S,
-    KeyFiles,
-    Keyring,
-    load_or_create_keys,
-    rotate_key,
-)
+from auth_service.tokens import RETIRED_KEY_LEEWAY_S, KeyFiles, rotate_key
 from auth_service.users import UserStore
+from auth_service.users_postgres import PostgresUsers
 from chatlab.log_redaction import redact_tokens_in_logs
 from chatlab.loops import loop_factory
 from chatlab.settings import add_env_file_option
@@ -42,6 +42,8 @@ log = logging.getLogger("auth_service")
 GRACEFUL_SHUTDOWN_S = 10
 #: seconds ``wait`` waits for the service to answer (a start takes about one)
 WAIT_S = 30
+#: users copied per transaction by migrate-users
+MIGRATE_BATCH = 500
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,12 +58,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "command",
         nargs="?",
-        choices=("serve", "rotate-key", "wait"),
+        choices=("serve", "rotate-key", "migrate-users", "wait"),
         default="serve",
         help="serve (default); rotate-key: make a new signing key, keep serving the old "
-        "public key in the JWK set until its tokens have expired; wait: until the service "
+        "public key in the JWK set until its tokens have expired (with AUTH_DB_URL the new "
+        "key signs AUTH_KEY_ACTIVATION_S later, on every replica); migrate-users: copy the "
+        "users of the SQLite file AUTH_DB into the PostgreSQL of AUTH_DB_URL (names already "
+        "there are kept; running it again copies nothing twice); wait: until the service "
         f"these settings describe answers GET /healthz (at most {WAIT_S} s; by then its "
         "keys are written, so a chat server started next finds JWT_PUBLIC_KEY)",
+    )
+    parser.add_argument(
+        "--revoke",
+        action="store_true",
+        help="with rotate-key: a key has leaked; the new key signs at once and every older "
+        "key leaves the JWK set now (their tokens stop opening chat; users log in again)",
     )
     add_env_file_option(parser)
     return parser.parse_args(argv)
@@ -91,11 +102,11 @@ class _StopSignals:
             self.server.should_exit = True
 
 
-async def serve(settings: Settings, keyring: Keyring) -> int:
-    """Open the users, start the hashing pool, serve until a stop signal, then close."""
+async def serve(settings: Settings) -> int:
+    """Open the users and keys, start the hashing pool, serve until a stop signal, then close."""
     stop = _StopSignals()
     try:
-        users = await UserStore.open(settings.auth_db)
+        backend = await open_backend(settings)
     except SettingError as exc:
         print(f"auth_service: {exc}", file=sys.stderr)
         return 2
@@ -103,7 +114,7 @@ async def serve(settings: Settings, keyring: Keyring) -> int:
     passwords = PasswordPool(params, settings.hash_pool_size, settings.hash_queue_max)
     try:
         await passwords.start()
-        api = build_api(settings, passwords, users, keyring)
+        api = build_api(settings, passwords, backend.users, backend.keys)
         config = server_config(
             create_app(api, settings.cors_origins),
             settings.host,
@@ -117,30 +128,36 @@ async def serve(settings: Settings, keyring: Keyring) -> int:
             settings.host,
             settings.port,
             settings.summary(),
-            keyring.kid,
+            backend.signing_kid(),
         )
         await server.serve()
     finally:
         await passwords.close()
-        await users.close()
+        await backend.close()
     log.info("auth_service stopped")
     return 0
 
 
-def rotate(settings: Settings) -> int:
+def rotate(settings: Settings, revoke: bool = False) -> int:
     """``rotate-key``: a new signing key; say what the chat server needs to follow it."""
+    if settings.auth_db_url:
+        return asyncio.run(_rotate_in_database(settings, revoke))
     files = KeyFiles.from_settings(settings)
     try:
-        keyring, old_kid = rotate_key(files, settings.token_ttl_s)
+        keyring, old_kid = rotate_key(files, settings.token_ttl_s, revoke=revoke)
     except SettingError as exc:
         print(f"auth_service: {exc}", file=sys.stderr)
         return 2
     kept_s = settings.token_ttl_s + RETIRED_KEY_LEEWAY_S
     jwks_url = f"http://{settings.host}:{settings.port}/.well-known/jwks.json"
+    kept = (
+        "is revoked: it left the JWK set now"
+        if revoke
+        else f"stays in the JWK set for {kept_s} s, until its last tokens have expired"
+    )
     print(
         f"new signing key {keyring.kid} in {files.private_key} (mode 0600) and "
-        f"{files.public_key}; the old key {old_kid} stays in the JWK set for {kept_s} s, "
-        f"until its last tokens have expired (keyring: {files.keyring})"
+        f"{files.public_key}; the old key {old_kid} {kept} (keyring: {files.keyring})"
     )
     print("a running auth service signs with the new key within a second")
     print(
@@ -148,6 +165,92 @@ def rotate(settings: Settings) -> int:
         "tokens of both keys; with only JWT_PUBLIC_KEY it keeps trusting the old key only "
         "(the one it loaded at start) until it restarts, and then the new key only"
     )
+    return 0
+
+
+async def _rotate_in_database(settings: Settings, revoke: bool) -> int:
+    """``rotate-key`` with ``AUTH_DB_URL``: a key in the shared keyring, signing later."""
+    try:
+        database = await open_database(settings)
+    except SettingError as exc:
+        print(f"auth_service: {exc}", file=sys.stderr)
+        return 2
+    try:
+        new, old_kid = await rotate_keyring(
+            database, settings.token_ttl_s, settings.auth_key_activation_s, revoke=revoke
+        )
+    except Unavailable as exc:
+        print(f"auth_service: rotate-key: {exc.detail}; nothing changed", file=sys.stderr)
+        return 1
+    finally:
+        await database.close()
+    kept_s = settings.token_ttl_s + RETIRED_KEY_LEEWAY_S
+    if revoke:
+        print(
+            f"new signing key {new.kid} signs now on every replica (within a second); every "
+            f"older key, {old_kid} among them, left the keyring: their tokens stop opening "
+            "chat as soon as each chat server refreshes its JWK set (JWKS_REFRESH_S)"
+        )
+        return 0
+    active = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(new.active_at))
+    print(
+        f"new signing key {new.kid} is in every replica's JWK set within a second and signs "
+        f"from {active} (in {settings.auth_key_activation_s} s, AUTH_KEY_ACTIVATION_S); "
+        f"the key signing until then, {old_kid}, stays in the JWK set {kept_s} s longer, "
+        f"until its last tokens have expired (keyring: {database.where()})"
+    )
+    print(
+        "chat servers must take their keys from JWT_JWKS_URL (every replica's "
+        "/.well-known/jwks.json) with JWKS_REFRESH_S under "
+        f"{max(0, settings.auth_key_activation_s - 5)} s, so that each knows the new key "
+        "before the first token it signs arrives"
+    )
+    return 0
+
+
+def migrate_users(settings: Settings) -> int:
+    """``migrate-users``: copy the SQLite file's users into PostgreSQL (idempotent)."""
+    try:
+        if not settings.auth_db_url:
+            raise SettingError(
+                "AUTH_DB_URL", "", "set it to the PostgreSQL that receives the users"
+            )
+        if not Path(settings.auth_db).is_file():
+            raise SettingError("AUTH_DB", settings.auth_db, "no such SQLite file to copy from")
+        return asyncio.run(_migrate_users(settings))
+    except SettingError as exc:
+        print(f"auth_service: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _migrate_users(settings: Settings) -> int:
+    source = await UserStore.open(settings.auth_db)
+    try:
+        users = await source.all()
+    finally:
+        await source.close()
+    database = await open_database(settings)
+    added, kept = 0, []
+    try:
+        target = PostgresUsers(database)
+        for start in range(0, len(users), MIGRATE_BATCH):
+            batch_added, batch_kept = await target.copy_in(users[start : start + MIGRATE_BATCH])
+            added, kept = added + batch_added, kept + batch_kept
+    except Unavailable as exc:
+        print(
+            f"auth_service: migrate-users: {exc.detail} after {added} users; run it again "
+            "(it copies nothing twice)",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        await database.close()
+    print(
+        f"copied {added} of {len(users)} users from sqlite:{settings.auth_db} to {database.where()}"
+    )
+    if kept:
+        shown = ", ".join(kept[:20]) + (" ..." if len(kept) > 20 else "")
+        print(f"{len(kept)} names were already there and were left as they are: {shown}")
     return 0
 
 
@@ -192,16 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     redact_tokens_in_logs()  # uvicorn's access and error lines
     if args.command == "rotate-key":
-        return rotate(settings)
+        return rotate(settings, revoke=args.revoke)
+    if args.command == "migrate-users":
+        return migrate_users(settings)
     if args.command == "wait":
         return wait(settings)
-    try:
-        keyring = load_or_create_keys(KeyFiles.from_settings(settings), settings.token_ttl_s)
-    except SettingError as exc:
-        print(f"auth_service: {exc}", file=sys.stderr)
-        return 2
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        return runner.run(serve(settings, keyring))
+        return runner.run(serve(settings))
 
 
 if __name__ == "__main__":

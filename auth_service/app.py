@@ -10,7 +10,8 @@ uvicorn (h11) does.
 Guarantees: every error body is ``{"error": code, "detail": text}`` (404 and 405
 too); a body over :data:`MAX_BODY_BYTES` is refused with 413 before it is read in
 full; password work happens only in :class:`~auth_service.passwords.PasswordPool`
-and SQLite work only in :class:`~auth_service.users.UserStore`, never on the loop;
+and database work only in the user store (SQLite on its own thread, PostgreSQL through
+its asyncio driver), never blocking the loop;
 an unknown username and a wrong password get the same 401 body after the same
 amount of hashing.
 """
@@ -46,8 +47,8 @@ from auth_service.metrics import AuthMetrics, MeasuredPasswords, RequestMetrics
 from auth_service.passwords import InlinePasswords, PasswordPool
 from auth_service.ratelimit import TokenBuckets
 from auth_service.settings import Settings
-from auth_service.tokens import KeyFiles, Keyring, TokenIssuer
-from auth_service.users import UserStore, username_key
+from auth_service.tokens import KeySource, TokenIssuer
+from auth_service.users import Users, username_key
 
 log = logging.getLogger("auth_service.app")
 
@@ -106,7 +107,7 @@ class AuthAPI:
     def __init__(
         self,
         passwords: PasswordPool | InlinePasswords,
-        users: UserStore,
+        users: Users,
         tokens: TokenIssuer,
         limits: Limits,
     ) -> None:
@@ -185,13 +186,12 @@ class AuthAPI:
 def build_api(
     settings: Settings,
     passwords: PasswordPool | InlinePasswords,
-    users: UserStore,
-    keyring: Keyring,
+    users: Users,
+    keys: KeySource,
 ) -> AuthAPI:
-    """The API over ``users`` and ``keyring``, with the settings' token claims and limits."""
+    """The API over ``users`` and ``keys``, with the settings' token claims and limits."""
     tokens = TokenIssuer(
-        KeyFiles.from_settings(settings),
-        keyring,
+        keys,
         issuer=settings.jwt_issuer,
         audience=settings.jwt_audience,
         ttl_s=settings.token_ttl_s,

@@ -7,8 +7,8 @@ second listener on ``AUTH_INLINE_PORT`` in the chat server's process and event
 loop, verifying passwords with argon2 inline against the auth service's user
 database and signing tokens with the auth service's key, so every login stalls
 every chat connection for the length of an argon2 verification. Users are
-registered through the auth service first; its settings (``AUTH_DB``,
-``JWT_PRIVATE_KEY``, argon2 parameters, rate limits) are read from the same
+registered through the auth service first; its settings (``AUTH_DB`` or
+``AUTH_DB_URL``, ``JWT_PRIVATE_KEY``, argon2 parameters, rate limits) are read from the same
 ``.env`` and environment. The chat server imports this module by name
 (:func:`chat_server.regressions.load_inline_login`) only in this mode; it imports
 nothing of the chat server, so neither package imports the other.
@@ -24,10 +24,9 @@ from collections.abc import Iterator
 import uvicorn
 
 from auth_service.app import build_api, create_app, server_config
+from auth_service.backend import Backend, open_backend
 from auth_service.passwords import Argon2Params, InlinePasswords
 from auth_service.settings import Settings as AuthSettings
-from auth_service.tokens import KeyFiles, read_keys
-from auth_service.users import UserStore
 
 log = logging.getLogger("chat_server.inline_login")
 
@@ -49,7 +48,7 @@ class InlineLogin:
         self.env_file = env_file
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._users: UserStore | None = None
+        self._backend: Backend | None = None
 
     async def start(self) -> None:
         """Open the auth service's users and keys, then listen.
@@ -58,11 +57,11 @@ class InlineLogin:
         OSError when the port cannot be bound.
         """
         auth = AuthSettings.load(env_file=self.env_file)
-        keyring = read_keys(KeyFiles.from_settings(auth))  # written by the auth service
-        self._users = await UserStore.open(auth.auth_db)
+        # the users and keys the auth service made (its files, or its PostgreSQL)
+        self._backend = await open_backend(auth, create_keys=False)
         passwords = InlinePasswords(Argon2Params.from_settings(auth))
         await passwords.start()
-        api = build_api(auth, passwords, self._users, keyring)
+        api = build_api(auth, passwords, self._backend.users, self._backend.keys)
         config = server_config(create_app(api), self.host, self.port)
         self._server = _EmbeddedServer(config)
         self._task = asyncio.ensure_future(self._server.serve())
@@ -83,5 +82,5 @@ class InlineLogin:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
-        if self._users is not None:
-            await self._users.close()
+        if self._backend is not None:
+            await self._backend.close()

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import argon2
 
+from chatlab.log_redaction import redact
 from chatlab.settings import (
     SettingError,
     Spec,
@@ -70,6 +71,20 @@ def _origins(raw: str) -> tuple[str, ...]:
     return origins
 
 
+def _db_url(raw: str) -> str:
+    """Empty (the SQLite file ``AUTH_DB``) or a PostgreSQL URL, ``postgresql://...``."""
+    value = raw.strip()
+    if not value:
+        return ""
+    parts = urlsplit(value)
+    if parts.scheme not in ("postgresql", "postgres") or not (parts.hostname or parts.query):
+        raise ValueError(
+            "allowed: empty (users in the SQLite file AUTH_DB) or a PostgreSQL URL such as "
+            "postgresql://auth:PASSWORD@db.example:5432/auth"
+        )
+    return value
+
+
 SPECS: tuple[Spec, ...] = (
     Spec("AUTH_HOST", "host", "127.0.0.1", text, "address the auth service listens on"),
     Spec(
@@ -79,7 +94,43 @@ SPECS: tuple[Spec, ...] = (
         integer(1, 65535),
         "port of the HTTP API (and of GET /metrics, Prometheus)",
     ),
-    Spec("AUTH_DB", "auth_db", "data/auth.sqlite3", text, "SQLite file holding the users"),
+    Spec(
+        "AUTH_DB",
+        "auth_db",
+        "data/auth.sqlite3",
+        text,
+        "SQLite file holding the users (when AUTH_DB_URL is empty)",
+    ),
+    Spec(
+        "AUTH_DB_URL",
+        "auth_db_url",
+        "",
+        _db_url,
+        "users and keys in PostgreSQL, shared by every replica: postgresql://user:pw@host/db "
+        "(empty: SQLite, one replica)",
+    ),
+    Spec(
+        "AUTH_DB_POOL_MAX",
+        "auth_db_pool_max",
+        "10",
+        integer(1, 1000),
+        "PostgreSQL connections one replica holds at most",
+    ),
+    Spec(
+        "AUTH_DB_TIMEOUT_S",
+        "auth_db_timeout_s",
+        "5",
+        number(0.1, 600),
+        "longest a request waits for PostgreSQL (a connection and the query); past it 503",
+    ),
+    Spec(
+        "AUTH_KEY_ACTIVATION_S",
+        "auth_key_activation_s",
+        "90",
+        integer(0, 86400),
+        "with AUTH_DB_URL: seconds a key made by rotate-key is in the JWK set before any "
+        "replica signs with it (more than the chat servers' JWKS_REFRESH_S + 5)",
+    ),
     Spec(
         "JWT_PRIVATE_KEY",
         "jwt_private_key",
@@ -221,6 +272,10 @@ class Settings(SpecSettings):
     host: str
     port: int
     auth_db: str
+    auth_db_url: str
+    auth_db_pool_max: int
+    auth_db_timeout_s: float
+    auth_key_activation_s: int
     jwt_private_key: str
     jwt_public_key: str
     jwt_keyring: str
@@ -258,8 +313,12 @@ class Settings(SpecSettings):
             f"argon2id t={self.argon2_time_cost} m={self.argon2_memory_cost_kib}KiB "
             f"p={self.argon2_parallelism} pool={self.hash_pool_size} "
             f"queue_max={self.hash_queue_max} loop={self.event_loop} "
-            f"token_ttl_s={self.token_ttl_s} db=sqlite:{self.auth_db}"
+            f"token_ttl_s={self.token_ttl_s} db={self.database()}"
         )
+
+    def database(self) -> str:
+        """Where the users are, fit for a log: ``sqlite:PATH`` or the URL without its password."""
+        return redact(self.auth_db_url) if self.auth_db_url else f"sqlite:{self.auth_db}"
 
 
 def settings_help() -> str:

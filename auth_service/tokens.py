@@ -1,6 +1,8 @@
 """Signing keys on disk, the keyring, token issuance and the JWK set.
 
-Files (paths from the settings):
+:class:`TokenIssuer` signs with a :class:`KeySource`: :class:`FileKeys` here (one
+replica, ``AUTH_DB_URL`` empty), or the keyring every replica shares in PostgreSQL
+(:mod:`auth_service.keys_postgres`). Files (paths from the settings):
 
 ``JWT_PRIVATE_KEY``
     The one signing key, Ed25519, PEM, mode 0600. Created on first start; a file
@@ -20,7 +22,7 @@ A key's ``kid`` is base64url of the first 8 bytes of SHA-256 of its raw public k
 stable across restarts and the same wherever it is computed. Key material is never
 logged. :func:`rotate_key` writes the new public PEM, then the private key, then the
 keyring, each by atomic rename; a running service notices the keyring's change
-(:meth:`TokenIssuer.refresh`, at most once a second) and signs with the new key.
+(:meth:`FileKeys.refresh`, at most once a second) and signs with the new key.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -118,7 +120,7 @@ def load_or_create_keys(files: KeyFiles, ttl_s: int, now_s: float | None = None)
     PEM it names exists, and ``JWT_PUBLIC_KEY`` holds the signing key's public key.
     """
     now = int(time.time() if now_s is None else now_s)
-    private_key = _read_private_key(files.private_key)
+    private_key = read_private_key(files.private_key)
     if private_key is None:
         private_key = Ed25519PrivateKey.generate()
         _write_private_key(files.private_key, private_key)
@@ -136,8 +138,14 @@ def load_or_create_keys(files: KeyFiles, ttl_s: int, now_s: float | None = None)
     return _keyring(files, private_key, entries)
 
 
-def rotate_key(files: KeyFiles, ttl_s: int, now_s: float | None = None) -> tuple[Keyring, str]:
-    """Make a new signing key; the old one's public key stays served. Returns (keyring, old kid)."""
+def rotate_key(
+    files: KeyFiles, ttl_s: int, now_s: float | None = None, *, revoke: bool = False
+) -> tuple[Keyring, str]:
+    """Make a new signing key; the old one's public key stays served. Returns (keyring, old kid).
+
+    ``revoke``: every older key leaves the keyring at once (a leaked key): tokens they
+    signed stop verifying wherever the JWK set is refreshed.
+    """
     now = int(time.time() if now_s is None else now_s)
     old = load_or_create_keys(files, ttl_s, now)
     private_key = Ed25519PrivateKey.generate()
@@ -147,6 +155,11 @@ def rotate_key(files: KeyFiles, ttl_s: int, now_s: float | None = None) -> tuple
     entries = _read_entries(files)
     _make_active(entries, kid, now)
     _prune(files, entries, now, ttl_s)
+    if revoke:
+        for entry in [e for e in entries if e["kid"] != kid]:
+            entries.remove(entry)
+            with suppress(FileNotFoundError):
+                (files.keyring.parent / entry["public_key"]).unlink()
     _write_entries(files, entries)
     _write_if_changed("JWT_PUBLIC_KEY", files.public_key, private_key.public_key())
     return _keyring(files, private_key, entries), old.kid
@@ -154,7 +167,7 @@ def rotate_key(files: KeyFiles, ttl_s: int, now_s: float | None = None) -> tuple
 
 def read_keys(files: KeyFiles) -> Keyring:
     """Read the keys as they are, writing nothing; SettingError if they do not agree."""
-    private_key = _read_private_key(files.private_key)
+    private_key = read_private_key(files.private_key)
     if private_key is None:
         raise SettingError("JWT_PRIVATE_KEY", str(files.private_key), "the file is missing")
     kid = key_id(private_key.public_key())
@@ -223,7 +236,8 @@ def _keyring(
     return Keyring(kid, private_key, tuple(keys))
 
 
-def _read_private_key(path: Path) -> Ed25519PrivateKey | None:
+def read_private_key(path: Path) -> Ed25519PrivateKey | None:
+    """The Ed25519 key in ``path`` (None when there is no file); SettingError when unusable."""
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
@@ -260,6 +274,11 @@ def _write_private_key(path: Path, key: Ed25519PrivateKey) -> None:
         serialization.NoEncryption(),
     )
     _write_file("JWT_PRIVATE_KEY", path, pem, 0o600)
+
+
+def write_public_key(path: Path, key: Ed25519PublicKey) -> None:
+    """Write ``JWT_PUBLIC_KEY`` atomically unless it holds ``key``; SettingError if it cannot."""
+    _write_if_changed("JWT_PUBLIC_KEY", path, key)
 
 
 def _write_if_changed(setting: str, path: Path, key: Ed25519PublicKey) -> None:
@@ -326,57 +345,42 @@ def _write_file(setting: str, path: Path, data: bytes, mode: int) -> None:
 # ---- issuing ---------------------------------------------------------------------------
 
 
-class TokenIssuer:
-    """Signs tokens with the current signing key and serves the JWK set.
+class KeySource(Protocol):
+    """Where a :class:`TokenIssuer` takes its keys: the files here, or the database's keyring."""
 
-    The keyring file is looked at (one ``stat``) at most once a second, from
-    :meth:`refresh`; when it has been replaced, the keys are read again and the new
-    signing key signs from then on. Keys that do not agree (a rotation half done)
-    leave the current ones in place until the next look.
+    def signing_key(self, now_s: float) -> tuple[str, Ed25519PrivateKey]:
+        """The ``kid`` and private key that sign a token issued at ``now_s``."""
+        ...
+
+    def served(self, now_s: float, ttl_s: int) -> tuple[PublicKey, ...]:
+        """The public keys of the JWK set at ``now_s``."""
+        ...
+
+
+class FileKeys:
+    """The keys in the files (one replica): the signing key signs from the moment it is made.
+
+    The keyring file is looked at (one ``stat``) at most once a second; when it has been
+    replaced, the keys are read again and the new signing key signs from then on. Keys
+    that do not agree (a rotation half done) leave the current ones in place until the
+    next look.
     """
 
-    def __init__(
-        self,
-        files: KeyFiles,
-        keyring: Keyring,
-        *,
-        issuer: str,
-        audience: str,
-        ttl_s: int,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, files: KeyFiles, keyring: Keyring) -> None:
         self.files = files
         self.keyring = keyring
-        self.issuer = issuer
-        self.audience = audience
-        self.ttl_s = ttl_s
-        self._clock = clock
         self._keyring_stat = self._stat_keyring()
         self._next_look_s = time.monotonic() + REFRESH_INTERVAL_S
 
-    def issue(self, username: str) -> str:
-        """A signed token for ``username`` (sub, iss, aud, iat, exp, jti; ``kid`` header)."""
+    def signing_key(self, now_s: float) -> tuple[str, Ed25519PrivateKey]:
+        """The keyring's signing key (after taking up a rotation done since the last look)."""
         self.refresh()
-        now = int(self._clock())
-        payload = {
-            "sub": username,
-            "iss": self.issuer,
-            "aud": self.audience,
-            "iat": now,
-            "exp": now + self.ttl_s,
-            "jti": uuid.uuid4().hex,
-        }
-        return jwt.encode(
-            payload,
-            self.keyring.private_key,
-            algorithm=ALGORITHM,
-            headers={"kid": self.keyring.kid},
-        )
+        return self.keyring.kid, self.keyring.private_key
 
-    def jwks(self) -> dict[str, list[dict[str, str]]]:
-        """The JWK set: the signing key and the retired keys whose tokens may still be live."""
+    def served(self, now_s: float, ttl_s: int) -> tuple[PublicKey, ...]:
+        """The signing key and the retired keys whose tokens may still be live."""
         self.refresh()
-        return {"keys": [key.jwk() for key in self.keyring.served(self._clock(), self.ttl_s)]}
+        return self.keyring.served(now_s, ttl_s)
 
     def refresh(self) -> None:
         """Take up a rotation done since the last look (looks at most once a second)."""
@@ -403,3 +407,42 @@ class TokenIssuer:
         except OSError:
             return None
         return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+
+class TokenIssuer:
+    """Signs tokens with the signing key of the moment and serves the JWK set."""
+
+    def __init__(
+        self,
+        keys: KeySource,
+        *,
+        issuer: str,
+        audience: str,
+        ttl_s: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.keys = keys
+        self.issuer = issuer
+        self.audience = audience
+        self.ttl_s = ttl_s
+        self._clock = clock
+
+    def issue(self, username: str) -> str:
+        """A signed token for ``username`` (sub, iss, aud, iat, exp, jti; ``kid`` header)."""
+        now_s = self._clock()
+        kid, private_key = self.keys.signing_key(now_s)
+        now = int(now_s)
+        payload = {
+            "sub": username,
+            "iss": self.issuer,
+            "aud": self.audience,
+            "iat": now,
+            "exp": now + self.ttl_s,
+            "jti": uuid.uuid4().hex,
+        }
+        return jwt.encode(payload, private_key, algorithm=ALGORITHM, headers={"kid": kid})
+
+    def jwks(self) -> dict[str, list[dict[str, str]]]:
+        """The JWK set: every public key a token may carry now or is about to."""
+        keys = self.keys.served(self._clock(), self.ttl_s)
+        return {"keys": [key.jwk() for key in keys]}

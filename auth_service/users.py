@@ -1,4 +1,9 @@
-"""Users in one SQLite file, reached only from one dedicated thread.
+"""Users: the store's interface, and the embedded store, one SQLite file on one thread.
+
+:class:`Users` is what the API needs of a store; :class:`UserStore` keeps users in
+SQLite (the default, for one replica), and
+:class:`~auth_service.users_postgres.PostgresUsers` in PostgreSQL (``AUTH_DB_URL``,
+for several).
 
 Usernames are unique without regard to case: each row's primary key is the
 casefolded name (:func:`username_key`), and the name as registered is kept beside it
@@ -17,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from auth_service.errors import Unavailable, UsernameTaken
 from auth_service.settings import SettingError
@@ -43,6 +48,26 @@ class User:
 
     username: str
     password_hash: str
+
+
+class Users(Protocol):
+    """A user store: usernames unique without regard to case, registrations durable."""
+
+    async def get(self, username: str) -> User | None:
+        """The user registered under ``username`` in any case, or None."""
+        ...
+
+    async def add(self, username: str, password_hash: str) -> None:
+        """Register ``username``, or raise :class:`UsernameTaken` if any case of it exists."""
+        ...
+
+    async def set_password_hash(self, username: str, password_hash: str) -> None:
+        """Replace the stored hash of ``username``."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the store holds."""
+        ...
 
 
 class UserStore:
@@ -77,6 +102,10 @@ class UserStore:
     async def set_password_hash(self, username: str, password_hash: str) -> None:
         """Replace the stored hash of ``username`` (after a parameter change)."""
         await self._call(self._set_hash, username_key(username), password_hash)
+
+    async def all(self) -> list[tuple[User, int]]:
+        """Every user with its registration time (unix seconds), oldest first."""
+        return await self._call(self._all)
 
     async def close(self) -> None:
         """Close the database and stop the store's thread."""
@@ -115,6 +144,13 @@ class UserStore:
             "SELECT username, password_hash FROM users WHERE username_key = ?", (key,)
         ).fetchone()
         return None if row is None else User(row[0], row[1])
+
+    def _all(self) -> list[tuple[User, int]]:
+        assert self._db is not None
+        rows = self._db.execute(
+            "SELECT username, password_hash, created_at FROM users ORDER BY created_at, username"
+        ).fetchall()
+        return [(User(row[0], row[1]), row[2]) for row in rows]
 
     def _add(self, username: str, password_hash: str) -> None:
         assert self._db is not None

@@ -1,10 +1,13 @@
 """Token verification at the handshake: the chat server only *verifies* JWTs.
 
 Keys come from ``JWT_PUBLIC_KEY`` (one PEM, loaded once at start) or, when
-``JWT_JWKS_URL`` is set, from the auth service's JWK set: fetched at start (an
-unreachable set stops the server with exit 2) and refreshed in the background on
+``JWT_JWKS_URL`` is set, from the auth service's JWK set: fetched at start (no set
+reachable stops the server with exit 2) and refreshed in the background on
 a worker thread, never on the handshake path; a token's key is picked by its
-``kid``. Each handshake costs one signature check (PyJWT on ``cryptography``),
+``kid``. ``JWT_JWKS_URL`` may name several auth replicas: the keys trusted are those
+of every set that answered the last refresh (replicas sharing a keyring serve the
+same set; one that is down or behind does not take keys away from the others').
+Each handshake costs one signature check (PyJWT on ``cryptography``),
 with ``exp``, ``iss``, ``aud`` and ``sub`` required and only the configured
 algorithm accepted (never ``none``, never HS* with a public key, because the
 algorithm list has exactly one asymmetric entry). Once a token verifies, its
@@ -148,7 +151,9 @@ def load_verifier(settings: Settings) -> TokenVerifier:
             jwks.fetch()
         except (OSError, ValueError, jwt.PyJWTError) as exc:
             raise SettingError(
-                "JWT_JWKS_URL", settings.jwt_jwks_url, f"cannot load a JWK set from it ({exc})"
+                "JWT_JWKS_URL",
+                ",".join(settings.jwt_jwks_url),
+                f"cannot load a JWK set from it ({exc})",
             ) from None
         return TokenVerifier(
             None, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience, jwks
@@ -186,17 +191,21 @@ def _key_id(public_key: object) -> str | None:
 
 
 class JwksKeys:
-    """The auth service's JWK set, by ``kid``, refreshed off the event loop.
+    """The auth service's JWK set (one or several replicas'), by ``kid``, refreshed off the loop.
 
-    :meth:`key_for` never does I/O: it reads the last fetched set. A token whose
+    :meth:`key_for` never does I/O: it reads the last fetched keys. A token whose
     ``kid`` is unknown is refused and schedules an early refresh (at most one per
     ``min_refresh_s``), so a key rotated in between refreshes is picked up soon.
     """
 
     def __init__(
-        self, url: str, algorithm: str, refresh_s: float, min_refresh_s: float = 5.0
+        self,
+        urls: tuple[str, ...],
+        algorithm: str,
+        refresh_s: float,
+        min_refresh_s: float = 5.0,
     ) -> None:
-        self.url = url
+        self.urls = urls
         self.algorithm = algorithm
         self.refresh_s = refresh_s
         self.min_refresh_s = min_refresh_s
@@ -205,8 +214,26 @@ class JwksKeys:
         self._wake: asyncio.Event | None = None
 
     def fetch(self, timeout_s: float = 5.0) -> None:
-        """Fetch and install the set now (blocking: call it from a thread, or at start)."""
-        with urllib.request.urlopen(self.url, timeout=timeout_s) as response:
+        """Fetch every set and install the keys of those that answered (blocking: call it from
+        a thread, or at start); raises when none answered with a usable key."""
+        keys: dict[str, object] = {}
+        failures: list[str] = []
+        for url in self.urls:
+            try:
+                keys.update(self._fetch_one(url, timeout_s))
+            except (OSError, ValueError, jwt.PyJWTError) as exc:
+                failures.append(f"{url}: {exc}")
+        if failures and len(failures) < len(self.urls):
+            log.warning("JWK set refresh: keys taken from the others; %s", "; ".join(failures))
+        if not keys:
+            if failures:
+                raise OSError("; ".join(failures))
+            raise ValueError(f"the JWK set has no {self.algorithm} key with a kid")
+        self._keys = keys
+        self._last_fetch = time.monotonic()
+
+    def _fetch_one(self, url: str, timeout_s: float) -> dict[str, object]:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
             document = json.loads(response.read())
         keys: dict[str, object] = {}
         for jwk in jwt.PyJWKSet.from_dict(document):
@@ -217,8 +244,7 @@ class JwksKeys:
             keys[jwk.key_id] = jwk.key
         if not keys:
             raise ValueError(f"the JWK set has no {self.algorithm} key with a kid")
-        self._keys = keys
-        self._last_fetch = time.monotonic()
+        return keys
 
     @property
     def kids(self) -> list[str]:
@@ -250,5 +276,8 @@ class JwksKeys:
                 await loop.run_in_executor(None, self.fetch)
             except (OSError, ValueError, jwt.PyJWTError) as exc:
                 log.warning(
-                    "JWK set refresh from %s failed, keeping %s: %s", self.url, self.kids, exc
+                    "JWK set refresh from %s failed, keeping %s: %s",
+                    ",".join(self.urls),
+                    self.kids,
+                    exc,
                 )

@@ -29,11 +29,10 @@ from chatlab.settings import (
     Spec,
     SpecSettings,
     choice,
-    http_url,
+    http_urls,
     integer,
     number,
     on_off,
-    optional_text,
     parse_core_list,
     specs_help,
     text,
@@ -62,6 +61,11 @@ def _jwt_algorithm(raw: str) -> str:
 
 
 _WORKER_SEAT = re.compile(r"^\d+(:\d+){4}$")
+
+
+def _jwks_urls(raw: str) -> tuple[str, ...]:
+    """Empty (keys from JWT_PUBLIC_KEY) or one or more JWK set URLs, comma-separated."""
+    return http_urls(raw) if raw.strip() else ()
 
 
 def _worker_seat(raw: str) -> str:
@@ -283,8 +287,9 @@ SPECS: tuple[Spec, ...] = (
         "JWT_JWKS_URL",
         "jwt_jwks_url",
         "",
-        optional_text,
-        "take keys from this JWK set instead of JWT_PUBLIC_KEY (empty: off)",
+        _jwks_urls,
+        "take keys from this JWK set instead of JWT_PUBLIC_KEY (empty: off); several "
+        "auth replicas' sets, comma-separated: the keys of every set that answers",
     ),
     Spec(
         "JWKS_REFRESH_S",
@@ -332,8 +337,9 @@ SPECS: tuple[Spec, ...] = (
         "AUTH_PUBLIC_URL",
         "auth_public_url",
         "http://127.0.0.1:8001",
-        http_url,
-        "the auth service as the web page at GET / reaches it (register, log in)",
+        http_urls,
+        "the auth service as the web page at GET / reaches it (register, log in); several "
+        "replicas comma-separated: the page starts at one and tries the next on failure",
     ),
     Spec(
         "MAX_FRAME_BYTES",
@@ -486,14 +492,14 @@ class Settings(SpecSettings):
     jwt_algorithm: str
     jwt_issuer: str
     jwt_audience: str
-    jwt_jwks_url: str
+    jwt_jwks_url: tuple[str, ...]
     jwks_refresh_s: float
     profile: str
     profile_interval_s: float
     profile_dir: str
     profile_run: str
     metrics_port: int
-    auth_public_url: str
+    auth_public_url: tuple[str, ...]
     max_frame_bytes: int
     max_body_chars: int
     max_protocol_errors: int

@@ -1,11 +1,15 @@
-"""Tokens never reach a log: a logging filter that redacts JWTs and bearer credentials.
+"""Secrets never reach a log: a logging filter that redacts JWTs, bearer credentials and
+the passwords in database URLs.
 
 At ``LOG_LEVEL=debug`` websockets logs each handshake's request line
 (``GET /ws?token=eyJ...``) and headers (``Authorization: Bearer eyJ...``); an
 exception's text may quote them too. :class:`RedactTokens`, installed on the
 root logger's handlers by :func:`redact_tokens_in_logs`, rewrites every record
 that reaches them, at every level and from every library (websockets, picows,
-uvicorn), so no line holds a usable token. Both services install it at start.
+uvicorn, psycopg), so no line holds a usable token. The password of a URL's user
+(``postgresql://auth:secret@db/auth``) and a libpq ``password=`` keyword are redacted the
+same way: the auth service's ``AUTH_DB_URL`` carries one. Both services install it at
+start, and a setting's value is shown through :func:`redact` too.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ _SECRET = re.compile(
     rf"|(?<=[Bb]earer )(?!{_AUTH_PARAM})[^\s'\",]+"
     rf"|(?<=[Bb]asic )(?!{_AUTH_PARAM})[^\s'\",]+"
 )
+#: a URL's password: ``scheme://user:PASSWORD@host`` (up to the last ``@`` before the path,
+#: as ``urllib.parse`` splits it), and a libpq connection string's ``password=PASSWORD``
+_URL_PASSWORD = re.compile(r"(://[^\s/@:]*:)[^\s/]*(@[^\s/@]*)")
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s'\"]+)")
 
 
 def redact(text: str) -> str:
-    """``text`` with every JWT, ``token=`` value and bearer credential replaced."""
-    return _SECRET.sub(REDACTED, text)
+    """``text`` with every JWT, ``token=`` value, bearer credential and password replaced."""
+    text = _SECRET.sub(REDACTED, text)
+    text = _URL_PASSWORD.sub(rf"\1{REDACTED}\2", text)
+    return _KEYWORD_PASSWORD.sub(rf"\1{REDACTED}", text)
 
 
 class RedactTokens(logging.Filter):

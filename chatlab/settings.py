@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from dotenv import dotenv_values
 
+from chatlab.log_redaction import redact
 from chatlab.setting_names import resembled
 
 #: the env file read when no ``--env-file`` is given (in the working directory; may be absent)
@@ -35,9 +36,14 @@ DEFAULT_ENV_FILE = ".env"
 
 
 class SettingError(ValueError):
-    """A setting's value is not allowed; ``str()`` is the one line to print."""
+    """A setting's value is not allowed; ``str()`` is the one line to print.
+
+    The value is shown redacted (:func:`~chatlab.log_redaction.redact`): a database
+    URL's password never reaches the line.
+    """
 
     def __init__(self, name: str, value: str, allowed: str) -> None:
+        value = redact(value)
         super().__init__(f"bad setting {name}={value!r}: {allowed}")
         self.name = name
         self.value = value
@@ -163,6 +169,21 @@ def http_url(raw: str) -> str:
             "allowed: an absolute http:// or https:// URL such as http://127.0.0.1:8001"
         )
     return value
+
+
+def http_urls(raw: str) -> tuple[str, ...]:
+    """One or more absolute http(s) URLs, comma-separated (each as :func:`http_url` takes it).
+
+    Several URLs name replicas of one service: a client spreads its requests over them
+    and tries another when one refuses the connection or answers 503.
+    """
+    urls = tuple(http_url(part) for part in raw.split(",") if part.strip())
+    if not urls:
+        raise ValueError(
+            "allowed: one or more absolute http:// or https:// URLs, comma-separated, "
+            "such as http://127.0.0.1:8001"
+        )
+    return urls
 
 
 @dataclass(frozen=True)

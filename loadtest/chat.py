@@ -46,12 +46,12 @@ from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
+from loadtest.auth import AuthClient, auth_urls
 from loadtest.client import (
     CONNECT,
     FANOUT,
     HTTP,
     WS,
-    AuthClient,
     AuthError,
     HandshakeFailed,
     LoadTestFailure,
@@ -134,14 +134,18 @@ def _auth_client(environment: Environment, options: Options) -> AuthClient:
 
 
 def _unreachable(auth_url: str) -> str | None:
-    """None when the auth service answers ``GET /healthz``; else why it does not."""
-    try:
-        with urllib.request.urlopen(f"{auth_url.rstrip('/')}/healthz", timeout=5):
-            return None
-    except urllib.error.HTTPError:
-        return None  # it answered
-    except OSError as exc:
-        return type(getattr(exc, "reason", exc)).__name__
+    """None when the auth service (one of its replicas) answers ``GET /healthz``; else why
+    none does."""
+    why = "no URL"
+    for url in auth_urls(auth_url):
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=5):
+                return None
+        except urllib.error.HTTPError:
+            return None  # it answered
+        except OSError as exc:
+            why = type(getattr(exc, "reason", exc)).__name__
+    return why
 
 
 def _abort_run(environment: Environment, reason: str) -> None:

@@ -1,4 +1,6 @@
-"""The load test's client side, without Locust: auth calls, websocket sessions, delivery counts.
+"""The load test's client side, without Locust: names, failures, websocket sessions, counts.
+
+The auth service's client is :mod:`loadtest.auth`.
 
 Nothing here imports Locust (whose import monkey-patches the standard library for
 gevent), so ``python -m loadtest.seed`` and the tests can import it. Under Locust the
@@ -16,12 +18,8 @@ in ms or None, ``response_length``, ``exception``, ``context``).
 
 from __future__ import annotations
 
-import json
-import random
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from threading import Lock
@@ -126,137 +124,6 @@ class MissingAck(LoadTestFailure):
 
 class BadFrame(LoadTestFailure):
     """A frame the codec could not decode, or a duplicate delivery."""
-
-
-# ---- auth -------------------------------------------------------------------------
-
-
-class AuthClient:
-    """The auth service's ``/register`` and ``/login`` (JSON over HTTP), with bounded retries.
-
-    A 429 or 503 is retried after its ``Retry-After`` and up to half as long again (so
-    that callers refused together do not all come back together; at most ``max_wait_s``),
-    up to ``max_attempts`` times. ``on_request(name, elapsed_ms, error)`` sees every attempt
-    that ends the call: a success (``error`` None, also for the expected 409 of a taken
-    name) or the refusal that is given up on. An attempt answered 429 or 503 and tried
-    again is no failure of the call: ``on_retry(name, status)`` counts it apart, so a
-    call that then succeeds leaves no failure behind.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        timeout_s: float = 30.0,
-        max_attempts: int = 5,
-        max_wait_s: float = 10.0,
-        on_request: Callable[[str, float, Exception | None], None] | None = None,
-        on_retry: Callable[[str, int], None] | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.max_attempts = max_attempts
-        self.max_wait_s = max_wait_s
-        self.on_request = on_request
-        self.on_retry = on_retry
-
-    def register(self, name: str, password: str) -> bool:
-        """Register ``name``: True if created, False if it was taken; AuthError otherwise."""
-        status, _ = self._call(REGISTER, "/register", (name, password), (201, 409))
-        return status == 201
-
-    def login(self, name: str, password: str, *, quiet_statuses: tuple[int, ...] = ()) -> str:
-        """Log in and return the access token; AuthError if refused.
-
-        A refusal whose status is in ``quiet_statuses`` is raised without being reported.
-        """
-        _, body = self._call(LOGIN, "/login", (name, password), (200,), quiet_statuses)
-        token = body.get("access_token")
-        if not isinstance(token, str):
-            raise AuthError(200, "no access_token in the reply")
-        return token
-
-    def token(self, name: str, password: str) -> str:
-        """A token for ``name``, registering it first if it is unknown (401 on first login).
-
-        The 401 that reveals an unregistered name is not reported as a failure: it is
-        how a user's first use is detected. A 401 after registering is.
-        """
-        try:
-            return self.login(name, password, quiet_statuses=(401,))
-        except AuthError as exc:
-            if exc.status != 401:
-                raise
-        self.register(name, password)
-        return self.login(name, password)
-
-    def _call(
-        self,
-        name: str,
-        path: str,
-        credentials: tuple[str, str],
-        ok: tuple[int, ...],
-        quiet_statuses: tuple[int, ...] = (),
-    ) -> tuple[int, dict[str, Any]]:
-        user, password = credentials
-        payload = json.dumps({"username": user, "password": password}).encode()
-        for attempt in range(1, self.max_attempts + 1):
-            request = urllib.request.Request(
-                self.base_url + path,
-                data=payload,
-                headers={"Content-Type": "application/json"},
-                method="POST",
-            )
-            start = time.perf_counter()
-            retry_after: str | None = None
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                    status, raw = resp.status, resp.read()
-            except urllib.error.HTTPError as exc:
-                status, raw = exc.code, exc.read()
-                retry_after = exc.headers.get("Retry-After")
-            except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                error = AuthError(None, f"auth service unreachable: {type(reason).__name__}")
-                self._report(name, start, error)
-                raise error from None
-            body = _json_object(raw)
-            if status in ok:
-                self._report(name, start, None)
-                return status, body
-            error = AuthError(
-                status, str(body.get("error", "unexpected reply")), str(body.get("detail", ""))
-            )
-            if status in quiet_statuses:
-                raise error
-            if status in RETRIED_STATUSES and attempt < self.max_attempts:
-                if self.on_retry is not None:
-                    self.on_retry(name, status)
-                jittered_s = _seconds(retry_after) * random.uniform(1.0, 1.5)
-                time.sleep(min(jittered_s, self.max_wait_s))
-                continue
-            self._report(name, start, error)
-            raise error
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _report(self, name: str, start: float, error: Exception | None) -> None:
-        if self.on_request is not None:
-            self.on_request(name, (time.perf_counter() - start) * 1000, error)
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _seconds(retry_after: str | None) -> float:
-    try:
-        return max(float(retry_after or 1), 0.0)
-    except ValueError:
-        return 1.0
 
 
 # ---- one websocket connection ------------------------------------------------------

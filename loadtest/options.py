@@ -39,7 +39,10 @@ def add_arguments(parser: Any, **_kwargs: Any) -> None:
         help="seconds between one user's sends, MIN-MAX (default: the profile's)",
     )
     parser.add_argument(
-        "--auth-url", default=DEFAULT_AUTH_URL, help=f"auth service [{DEFAULT_AUTH_URL}]"
+        "--auth-url",
+        default=DEFAULT_AUTH_URL,
+        help="auth service, or its replicas comma-separated (round robin; a replica that "
+        f"refuses the connection or answers 503 is passed for the next) [{DEFAULT_AUTH_URL}]",
     )
     parser.add_argument(
         "--auth-mode",

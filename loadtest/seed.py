@@ -19,7 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from loadtest.client import AuthClient, AuthError, password_for, username
+from loadtest.auth import AuthClient
+from loadtest.client import AuthError, password_for, username
 
 DEFAULT_AUTH_URL = "http://127.0.0.1:8001"
 
@@ -34,7 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--users", type=int, required=True, help="how many users: PREFIX0..PREFIX{N-1}"
     )
     parser.add_argument(
-        "--auth-url", default=DEFAULT_AUTH_URL, help=f"auth service [{DEFAULT_AUTH_URL}]"
+        "--auth-url",
+        default=DEFAULT_AUTH_URL,
+        help=f"auth service, or its replicas comma-separated [{DEFAULT_AUTH_URL}]",
     )
     parser.add_argument(
         "--user-prefix", default="load", help="user name prefix, as in the load test [load]"

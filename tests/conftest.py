@@ -1,4 +1,5 @@
-"""Shared fixtures: a key pair, token minting, chat servers and Redis as real processes.
+"""Shared fixtures: a key pair, token minting, chat servers, Redis and PostgreSQL as real
+processes.
 
 Chat servers start on the ``transport`` fixture's ``TRANSPORT``. Tests marked
 ``transports`` (the flows, bad input, resilience: whatever crosses the transport)
@@ -9,6 +10,7 @@ run once per transport; the others run on ``CHATLAB_TEST_TRANSPORT``
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from chat_server.settings import TRANSPORTS
+from chatlab.postgres import PostgresProcess
 from tests.support import KeyPair, RedisProcess, ServerProcess
 
 #: the transport of tests not marked ``transports``
@@ -98,3 +101,17 @@ def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisProcess]]:
 def redis_server(start_redis: Callable[..., RedisProcess]) -> RedisProcess:
     """A private redis-server on a free port, without persistence."""
     return start_redis()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresProcess]:
+    """One PostgreSQL (Debian's) for the whole run, started when a test first asks for it."""
+    server = PostgresProcess().start()
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def auth_db_url(postgres: PostgresProcess) -> str:
+    """A fresh, empty database on the run's PostgreSQL: its URL, password included."""
+    return postgres.create_database(f"test_{uuid.uuid4().hex[:12]}")

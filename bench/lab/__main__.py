@@ -38,6 +38,7 @@ from bench.lab.machine import (
 from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
 from bench.lab.results import HEADLINE_SLO_MS, Results, Step
 from chatlab.harness import ROOT
+from chatlab.settings import http_urls
 
 REPORTS_DIR = ROOT / "reports"
 CEILINGS_PATH = REPORTS_DIR / "ceilings.json"
@@ -136,7 +137,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         enabled=not args.quiet,
     )
     try:
-        results = run_matrix(matrix, repeat, out_dir, progress, ceilings=_saved_ceilings())
+        results = run_matrix(
+            matrix,
+            repeat,
+            out_dir,
+            progress,
+            ceilings=_saved_ceilings(),
+            auth_urls=args.auth_url,
+        )
     finally:
         progress.close()
     return _finish(results, out_dir)
@@ -185,7 +193,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         len(configs) * args.repeat * per_climb_s, "capacity", enabled=not args.quiet
     )
     lab = Lab(
-        out_dir, args.repeat, server_cores, generator_cores, progress=progress, results=results
+        out_dir,
+        args.repeat,
+        server_cores,
+        generator_cores,
+        progress=progress,
+        results=results,
+        auth_urls=args.auth_url,
     )
     try:
         lab.start_auth(max(20, max(counts) // args.room_size))
@@ -363,6 +377,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return _finish(results, Path(args.out) if args.out else path.parent, path.parent)
 
 
+def _auth_urls(text: str) -> tuple[str, ...]:
+    try:
+        return http_urls(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+AUTH_URL_HELP = (
+    "running auth service replicas to use, comma-separated (users registered there, chat "
+    "servers on their JWK sets, Locust round robin over them) instead of starting one [none]"
+)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(
@@ -383,6 +410,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     run.add_argument("--out", default="", help="report directory [reports/<time>-<matrix>]")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.add_argument("--auth-url", type=_auth_urls, default=(), help=AUTH_URL_HELP)
     run.add_argument(
         "--wait-quiet-s",
         type=float,
@@ -441,6 +469,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cap.add_argument("--no-relay", action="store_true", help="do not climb the bare relay too")
     cap.add_argument("--out", default="", help="report directory [reports/<time>-capacity]")
     cap.add_argument("--quiet", action="store_true", help="no progress output")
+    cap.add_argument("--auth-url", type=_auth_urls, default=(), help=AUTH_URL_HELP)
     cap.set_defaults(func=cmd_capacity)
 
     ceil = sub.add_parser(

@@ -7,7 +7,9 @@ the Locust profile on the generator's core(s) while a sampler records CPU% and R
 server and generator every half second, scrape the server's own metrics, stop it
 cleanly, go on. One auth service serves the whole lab run (its users are registered
 once, with the auth service's real argon2 parameters). Ctrl-C stops what runs and
-keeps what was measured.
+keeps what was measured. With ``auth_urls`` (``--auth-url``) the lab starts no auth
+service: it registers its users at, and points the chat servers (``JWT_JWKS_URL``)
+and Locust at, the running replicas named, round robin, failing over between them.
 """
 
 from __future__ import annotations
@@ -299,6 +301,8 @@ class Lab:
     generator_cores: list[int]
     progress: Any = None  # a Progress, or None
     results: Results | None = None
+    #: running auth replicas to use instead of starting one (their base URLs)
+    auth_urls: tuple[str, ...] = ()
     auth: AuthProcess | None = None
     keys: KeyPair | None = None
     token_file: Path | None = None
@@ -311,12 +315,21 @@ class Lab:
 
     # ---- the lab run's shared services ---------------------------------------------
 
+    def auth_url(self) -> str:
+        """The auth service's URL, or the replicas' comma-separated (``--auth-url``)."""
+        if self.auth_urls:
+            return ",".join(self.auth_urls)
+        assert self.auth is not None
+        return self.auth.url()
+
     def start_auth(self, users: int) -> None:
-        """Start the auth service, register ``users`` users and log them all in."""
+        """Start the auth service (unless ``auth_urls`` names running replicas), register
+        ``users`` users and log them all in."""
         workdir = self.out_dir / "auth"
         workdir.mkdir(parents=True, exist_ok=True)
-        self.auth = AuthProcess(workdir, **LAB_AUTH).start(timeout_s=60)
-        self._pin(self.auth.proc, self.generator_cores)
+        if not self.auth_urls:
+            self.auth = AuthProcess(workdir, **LAB_AUTH).start(timeout_s=60)
+            self._pin(self.auth.proc, self.generator_cores)
         self.keys = KeyPair(workdir)  # unused by the server: it reads the auth service's key
         self.token_file = workdir / "tokens.json"
         command = [
@@ -326,7 +339,7 @@ class Lab:
             "--users",
             str(users),
             "--auth-url",
-            self.auth.url(),
+            self.auth_url(),
             "--user-prefix",
             LAB_USER_PREFIX,
             "--token-file",
@@ -410,7 +423,7 @@ class Lab:
             relay = RelayProcess(workdir, self.server_cores, transport, deflate, mode).start()
             self._current.append(relay)
             return relay, 0
-        assert self.auth is not None and self.keys is not None
+        assert self.keys is not None
         env = dict(LAB_SERVER)
         cores = self.server_cores
         for key, value in config.env.items():
@@ -419,12 +432,20 @@ class Lab:
             env["CPU_AFFINITY"] = ",".join(map(str, cores)) or "off"
         metrics_port = free_port()
         env["METRICS_PORT"] = str(metrics_port)
-        env["JWT_PUBLIC_KEY"] = str(self.auth.public_path)
+        if self.auth is not None:
+            env["JWT_PUBLIC_KEY"] = str(self.auth.public_path)
+        else:
+            env["JWT_JWKS_URL"] = ",".join(f"{u}/.well-known/jwks.json" for u in self.auth_urls)
         if config.profile:
             env["PROFILE"] = "cprofile"
             env["PROFILE_DIR"] = str(workdir / "profiles")
             env.setdefault("PROFILE_INTERVAL_S", "5")
         if env.get("REGRESSION") == "auth_inline":
+            if self.auth is None:
+                raise RuntimeError(
+                    "REGRESSION=auth_inline reads the lab's own auth service's files: "
+                    "run it without --auth-url"
+                )
             env.update(
                 {
                     "AUTH_DB": str(self.auth.db_path),
@@ -525,7 +546,7 @@ class Lab:
         self, config: Config, load: Load, url: str, workdir: Path, sampler: Sampler
     ) -> Step:
         """Run the Locust profile against ``url``; its Step."""
-        assert self.auth is not None and self.token_file is not None
+        assert self.token_file is not None
         locust_dir = workdir / "locust"
         locust_dir.mkdir(exist_ok=True)
         command = [
@@ -557,7 +578,7 @@ class Lab:
         if load.locust_stages:
             command += ["--stages", load.locust_stages]
         if config.auth_mode == "login":
-            auth_url = self.auth.url()
+            auth_url = self.auth_url()
             inline = next((s for s in self._current if isinstance(s, ServerProcess)), None)
             if inline is not None and "AUTH_INLINE_PORT" in inline.env:
                 auth_url = f"http://127.0.0.1:{inline.env['AUTH_INLINE_PORT']}"
@@ -699,6 +720,8 @@ def run_matrix(
     out_dir: Path,
     progress: Any = None,
     ceilings: dict[str, Step] | None = None,
+    *,
+    auth_urls: tuple[str, ...] = (),
 ) -> Results:
     """Run every configuration ``repeat`` times, interleaved; the Results (also when Ctrl-C).
 
@@ -742,6 +765,7 @@ def run_matrix(
     )
     results_path = out_dir / "results.json"
     lab = Lab(out_dir, repeat, server_cores, generator_cores, progress=progress, results=results)
+    lab.auth_urls = auth_urls
     try:
         if any(c.target == "chat" for c in matrix.configs):
             if progress is not None:

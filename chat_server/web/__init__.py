@@ -5,8 +5,9 @@ step, nothing fetched from elsewhere) once at start and answers ``GET`` of their
 paths from memory, with their content types, caching headers and a
 Content-Security-Policy that allows only the page's own script files (no inline
 script, no ``eval``), its own origin and the auth service's. ``/config.json`` is
-generated from the settings: the auth service's public URL (``AUTH_PUBLIC_URL``) and
-the subprotocol the server speaks, so the page needs no inline configuration.
+generated from the settings: the auth service's public URLs (``AUTH_PUBLIC_URL``: one,
+or one per replica, which the page fails over between) and the subprotocol the server
+speaks, so the page needs no inline configuration.
 It does no I/O after start and knows nothing of the transports: they turn its
 :class:`WebFile` into their own HTTP answer.
 """
@@ -51,17 +52,17 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def content_security_policy(auth_origin: str) -> str:
+def content_security_policy(*auth_origins: str) -> str:
     """The page's policy: its own files only, no inline script; connections to itself
     (the websocket: CSP Level 3's ``'self'`` covers ``ws:`` on the page's host) and to
-    the auth service."""
+    the auth service's replicas."""
     return "; ".join(
         (
             "default-src 'none'",
             "script-src 'self'",
             "style-src 'self'",
             "img-src 'self'",
-            f"connect-src 'self' {auth_origin}",
+            f"connect-src 'self' {' '.join(dict.fromkeys(auth_origins))}",
             "base-uri 'none'",
             "form-action 'none'",
             "frame-ancestors 'none'",
@@ -72,7 +73,7 @@ def content_security_policy(auth_origin: str) -> str:
 class WebSite:
     """The page's files in memory, answered by path (``None``: not one of them)."""
 
-    def __init__(self, auth_public_url: str, subprotocol: str) -> None:
+    def __init__(self, auth_public_urls: tuple[str, ...], subprotocol: str) -> None:
         static = resources.files(__package__).joinpath("static")
         texts = {name: static.joinpath(name).read_text("utf-8") for name, _ in PAGE_FILES.values()}
         digest = hashlib.sha256()
@@ -81,7 +82,10 @@ class WebSite:
                 digest.update(texts[name].encode())
         texts["index.html"] = texts["index.html"].replace(VERSION_MARKER, digest.hexdigest()[:12])
         common = (
-            ("Content-Security-Policy", content_security_policy(origin_of(auth_public_url))),
+            (
+                "Content-Security-Policy",
+                content_security_policy(*(origin_of(url) for url in auth_public_urls)),
+            ),
             ("X-Content-Type-Options", "nosniff"),
             ("Referrer-Policy", "no-referrer"),
         )
@@ -91,7 +95,8 @@ class WebSite:
             self._files[path] = WebFile(
                 texts[name], content_type, (("Cache-Control", cache), *common)
             )
-        config = {"auth_url": auth_public_url.rstrip("/"), "subprotocol": subprotocol}
+        auth_urls = [url.rstrip("/") for url in auth_public_urls]
+        config = {"auth_urls": auth_urls, "subprotocol": subprotocol}
         self._files[CONFIG_PATH] = WebFile(
             json.dumps(config) + "\n",
             "application/json",

@@ -39,8 +39,9 @@ def test_help_lists_every_setting_with_its_default(tmp_path):
     assert result.returncode == 0
     for spec in SPECS:
         assert spec.env in result.stdout, spec.env
-        assert f"[default: {spec.default}]" in result.stdout
+        assert f"[default: {spec.default or '(empty)'}]" in result.stdout
     assert "rotate-key" in result.stdout
+    assert "migrate-users" in result.stdout
 
 
 BAD_VALUES = {

@@ -126,3 +126,14 @@ def test_retired_keys_leave_the_jwk_set_once_their_tokens_expired(
     kids = [entry["kid"] for entry in json.loads(auth.keyring_path.read_text())["keys"]]
     assert first_kid not in kids and len(kids) == 2
     assert not (auth.keyring_path.parent / f"jwt_public.{first_kid}.pem").exists()
+
+
+def test_rotate_key_revoke_drops_every_older_key_at_once(start_auth: Callable[..., AuthProcess]):
+    auth = start_auth()
+    old_kid = auth.jwks()["keys"][0]["kid"]
+    revoked = auth.run("rotate-key", "--revoke")
+    assert revoked.returncode == 0, revoked.stderr
+    assert "revoked" in revoked.stdout
+    time.sleep(1.2)  # the running service looks at its keyring once a second
+    kids = [key["kid"] for key in auth.jwks()["keys"]]
+    assert len(kids) == 1 and old_kid not in kids

@@ -32,6 +32,21 @@ from tests.support import Client, opens_chat
 PASSWORD = "correct horse"
 
 
+def _services(
+    start_auth: Callable[..., AuthProcess],
+    start_server: Callable[..., ServerProcess],
+    tmp_path: Path,
+    **settings: str,
+) -> tuple[AuthProcess, ServerProcess]:
+    (tmp_path / "auth").mkdir()
+    (tmp_path / "chat").mkdir()
+    auth = start_auth(tmp_path / "auth", **settings)
+    chat = start_server(
+        tmp_path / "chat", event_loop="asyncio", jwt_public_key=str(auth.public_path)
+    )
+    return auth, chat
+
+
 @pytest.fixture
 def services(
     start_auth: Callable[..., AuthProcess],
@@ -39,19 +54,24 @@ def services(
     tmp_path: Path,
 ) -> tuple[AuthProcess, ServerProcess]:
     """An auth service, then a chat server verifying with the public key it wrote."""
-    (tmp_path / "auth").mkdir()
-    (tmp_path / "chat").mkdir()
-    auth = start_auth(tmp_path / "auth")
-    chat = start_server(
-        tmp_path / "chat", event_loop="asyncio", jwt_public_key=str(auth.public_path)
-    )
-    return auth, chat
+    return _services(start_auth, start_server, tmp_path)
+
+
+@pytest.fixture
+def store_services(
+    start_auth: Callable[..., AuthProcess],
+    start_server: Callable[..., ServerProcess],
+    tmp_path: Path,
+    store_env: dict[str, str],
+) -> tuple[AuthProcess, ServerProcess]:
+    """``services`` on each store in turn."""
+    return _services(start_auth, start_server, tmp_path, **store_env)
 
 
 async def test_an_issued_token_opens_a_chat_connection(
-    services: tuple[AuthProcess, ServerProcess],
+    store_services: tuple[AuthProcess, ServerProcess],
 ):
-    auth, chat = services
+    auth, chat = store_services
     assert auth.register("Alice", PASSWORD).status == 201
     token = auth.token("alice", PASSWORD)
     client = await Client.connect(chat, token)

@@ -110,3 +110,37 @@ def test_unreachable_jwks_at_start_exits_2(tmp_path: Path, keys: KeyPair):
     with pytest.raises(RuntimeError, match="exited 2"):
         server.start()
     assert "JWT_JWKS_URL" in server.log()
+
+
+async def test_several_jwks_urls_trust_the_keys_of_every_set_that_answers(
+    start_server, jwks: JwksServer
+):
+    other = JwksServer()
+    other.add_key("k2")
+    down = f"http://127.0.0.1:{free_port()}/.well-known/jwks.json"
+    try:
+        # one replica down at start: the server starts on the others' keys
+        server = start_server(
+            event_loop="asyncio", jwt_jwks_url=f"{down}, {jwks.url},{other.url}", jwks_refresh_s=1
+        )
+        assert await opens_chat(server, jwks.mint("k1"))
+        assert await opens_chat(server, other.mint("k2"))
+        # a set that stops answering keeps nobody's keys from the others
+        other.httpd.shutdown()
+        other.httpd.server_close()
+        jwks.add_key("k3")
+        deadline = time.monotonic() + 10
+        while not await opens_chat(server, jwks.mint("k3")):
+            assert time.monotonic() < deadline, "the new key of the set still up was never taken"
+            time.sleep(0.2)
+        assert await opens_chat(server, jwks.mint("k1"))
+    finally:
+        other.httpd.server_close()
+
+
+def test_no_jwks_url_answering_at_start_exits_2(tmp_path: Path, keys: KeyPair):
+    urls = ",".join(f"http://127.0.0.1:{free_port()}/.well-known/jwks.json" for _ in range(2))
+    server = ServerProcess(tmp_path, keys, jwt_jwks_url=urls)
+    with pytest.raises(RuntimeError, match="exited 2"):
+        server.start()
+    assert "JWT_JWKS_URL" in server.log()

@@ -25,7 +25,10 @@ def _get(server: ServerProcess, path: str):
 def test_the_page_and_its_files_are_served_with_types_caching_and_policy(
     start_server: Callable[..., ServerProcess],
 ):
-    server = start_server(event_loop="asyncio", auth_public_url="http://auth.example:9001/")
+    server = start_server(
+        event_loop="asyncio",
+        auth_public_url="http://auth.example:9001/, https://auth2.example",
+    )
     page = _get(server, "/")
     assert page.status == 200
     assert page.headers["content-type"] == "text/html; charset=utf-8"
@@ -33,7 +36,8 @@ def test_the_page_and_its_files_are_served_with_types_caching_and_policy(
     policy = page.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "unsafe-inline" not in policy
     assert "unsafe-eval" not in policy
-    assert "connect-src 'self' http://auth.example:9001" in policy
+    # every auth replica the page may fail over to
+    assert "connect-src 'self' http://auth.example:9001 https://auth2.example;" in policy
     assert page.headers["x-content-type-options"] == "nosniff"
     assert b"__ASSET_VERSION__" not in page.body
     version = re.search(rb'app\.js\?v=([0-9a-f]{12})"', page.body)
@@ -49,7 +53,7 @@ def test_the_page_and_its_files_are_served_with_types_caching_and_policy(
     assert config.headers["content-type"] == "application/json"
     assert config.headers["cache-control"] == "no-cache"
     assert json.loads(config.body) == {
-        "auth_url": "http://auth.example:9001",
+        "auth_urls": ["http://auth.example:9001", "https://auth2.example"],
         "subprotocol": "chatlab.json",
     }
 
@@ -62,7 +66,8 @@ def test_the_rest_of_the_port_is_unchanged(start_server: Callable[..., ServerPro
     missing = _get(server, "/index.html")
     assert missing.status == 404 and "content-security-policy" not in missing.headers
     assert _get(server, "/ws").status == 401
-    assert json.loads(_get(server, "/config.json").body)["auth_url"] == "http://127.0.0.1:8001"
+    config = json.loads(_get(server, "/config.json").body)
+    assert config["auth_urls"] == ["http://127.0.0.1:8001"]
 
 
 class _Inline(HTMLParser):

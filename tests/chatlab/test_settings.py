@@ -90,3 +90,14 @@ def test_ws_deflate_is_a_switch_of_off_and_on():
     assert (ws_deflate.parse("on"), ws_deflate.parse("off")) == (True, False)
     with pytest.raises(ValueError, match="allowed: off, on"):
         ws_deflate.parse("yes")
+
+
+def test_a_database_urls_password_never_reaches_a_log_line_or_a_setting_error():
+    from chatlab.log_redaction import redact
+    from chatlab.settings import SettingError
+
+    url = "postgresql://auth:pa%40ss:w0rd@db.example:5432/auth?sslmode=require"
+    assert redact(url) == "postgresql://auth:[redacted]@db.example:5432/auth?sslmode=require"
+    assert redact("host=db password='a b' dbname=auth") == "host=db password=[redacted] dbname=auth"
+    assert redact("http://127.0.0.1:8001/login") == "http://127.0.0.1:8001/login"
+    assert "w0rd" not in str(SettingError("AUTH_DB_URL", url, "cannot reach it"))

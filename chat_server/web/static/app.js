@@ -7,7 +7,7 @@
 //   or a dropped connection joins again with `since` and gets what it missed (shown
 //   marked "replayed");
 // - nothing is loaded from anywhere but this server and the auth service (config.json
-//   says where that is).
+//   says where its replicas are).
 "use strict";
 
 const KEYS = { token: "chatlab.token", user: "chatlab.user", rooms: "chatlab.rooms", current: "chatlab.current" };
@@ -30,6 +30,7 @@ const ERROR_HINTS = {
 
 const state = {
   config: null,
+  authIndex: null, // the auth replica (index in config.auth_urls) that answered last
   ws: null,
   user: null,
   welcomed: false,
@@ -108,16 +109,33 @@ function setConnection(label, kind) {
 
 // ---- auth service -----------------------------------------------------------------------
 
+// config.auth_urls lists the auth service's replicas: a request goes to the one that
+// answered last (a random one at first, so pages spread over them) and, when that one
+// cannot be reached or answers 503, to the next, each replica once
 async function authPost(path, username, password) {
+  const urls = state.config.auth_urls;
+  if (state.authIndex === null) state.authIndex = Math.floor(Math.random() * urls.length);
+  let result = null;
+  for (let tried = 0; tried < urls.length; tried++) {
+    const index = (state.authIndex + tried) % urls.length;
+    result = await authPostTo(urls[index], path, username, password);
+    if (result.code === "network" || result.status === 503) continue;
+    state.authIndex = index;
+    return result;
+  }
+  return result;
+}
+
+async function authPostTo(url, path, username, password) {
   let response;
   try {
-    response = await fetch(state.config.auth_url + path, {
+    response = await fetch(url + path, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ username, password }),
     });
   } catch (exc) {
-    return { ok: false, code: "network", detail: String(exc) };
+    return { ok: false, code: "network", detail: `${url}: ${exc}` };
   }
   let body = {};
   try {
@@ -125,10 +143,10 @@ async function authPost(path, username, password) {
   } catch (_) {
     body = {};
   }
-  if (response.ok) return { ok: true, body };
+  if (response.ok) return { ok: true, body, status: response.status };
   const retry = response.headers.get("Retry-After");
   const detail = (body.detail || `HTTP ${response.status}`) + (retry ? `; retry after ${retry} s` : "");
-  return { ok: false, code: body.error || `http_${response.status}`, detail };
+  return { ok: false, code: body.error || `http_${response.status}`, detail, status: response.status };
 }
 
 async function signIn(register) {
