@@ -34,15 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from auth_service.errors import (
-    AuthError,
-    BadRequest,
-    InvalidCredentials,
-    RateLimited,
-    TooLarge,
-    Unavailable,
-    UsernameTaken,
-)
+from auth_service.errors import AuthCode, AuthError, Unavailable
 from auth_service.metrics import AuthMetrics, MeasuredPasswords, RequestMetrics
 from auth_service.passwords import InlinePasswords, PasswordPool
 from auth_service.ratelimit import TokenBuckets
@@ -90,15 +82,18 @@ class Limits:
 
 
 def check_username(username: str) -> None:
-    """Raise :class:`BadRequest` unless ``username`` is 3-32 of ``A-Za-z0-9_.-``."""
+    """Raise ``bad_request`` unless ``username`` is 3-32 of ``A-Za-z0-9_.-``."""
     if not USERNAME_RULE.fullmatch(username):
-        raise BadRequest("username: 3 to 32 characters of A-Z a-z 0-9 _ . -")
+        raise AuthError(AuthCode.BAD_REQUEST, "username: 3 to 32 characters of A-Z a-z 0-9 _ . -")
 
 
 def check_password(password: str) -> None:
-    """Raise :class:`BadRequest` unless ``password`` is 8-256 characters."""
+    """Raise ``bad_request`` unless ``password`` is 8-256 characters."""
     if not PASSWORD_MIN_CHARS <= len(password) <= PASSWORD_MAX_CHARS:
-        raise BadRequest(f"password: {PASSWORD_MIN_CHARS} to {PASSWORD_MAX_CHARS} characters")
+        raise AuthError(
+            AuthCode.BAD_REQUEST,
+            f"password: {PASSWORD_MIN_CHARS} to {PASSWORD_MAX_CHARS} characters",
+        )
 
 
 class AuthAPI:
@@ -124,7 +119,7 @@ class AuthAPI:
         check_username(username)
         check_password(password)
         if await self.users.get(username) is not None:
-            raise UsernameTaken(f"the username {username!r} is taken")
+            raise AuthError(AuthCode.USERNAME_TAKEN, f"the username {username!r} is taken")
         password_hash = await self.passwords.hash(password)
         await self.users.add(username, password_hash)
         return JSONResponse({"username": username}, status_code=201)
@@ -136,9 +131,9 @@ class AuthAPI:
         try:
             check_username(username)
             check_password(password)
-        except BadRequest:
+        except AuthError:
             # no such user can exist: nothing to hash
-            raise InvalidCredentials(_INVALID_CREDENTIALS) from None
+            raise AuthError(AuthCode.INVALID_CREDENTIALS, _INVALID_CREDENTIALS) from None
         key = username_key(username)
         # the token is taken up front so that concurrent guesses cannot pass the burst;
         # it is given back when the attempt turns out not to be a failed login
@@ -152,7 +147,7 @@ class AuthAPI:
             self.limits.failed_logins_per_user.refund(key, time.monotonic())
             raise
         if user is None or not verdict.ok:
-            raise InvalidCredentials(_INVALID_CREDENTIALS)
+            raise AuthError(AuthCode.INVALID_CREDENTIALS, _INVALID_CREDENTIALS)
         self.limits.failed_logins_per_user.refund(key, time.monotonic())
         if verdict.needs_rehash:
             await self._rehash(user.username, password)
@@ -245,34 +240,36 @@ def _client(request: Request) -> str:
 def _draw(buckets: TokenBuckets, key: str, what: str) -> None:
     wait_s = buckets.take(key, time.monotonic())
     if wait_s > 0:
-        raise RateLimited(f"too many {what}; retry later", wait_s)
+        raise AuthError(AuthCode.RATE_LIMITED, f"too many {what}; retry later", wait_s)
 
 
 async def _credentials(request: Request) -> tuple[str, str]:
-    """The body's ``username`` and ``password`` strings, or BadRequest / TooLarge."""
+    """The body's ``username`` and ``password`` strings, or ``bad_request`` / ``too_large``."""
     body = await _read_body(request)
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise BadRequest("the body is not JSON (UTF-8)") from None
+        raise AuthError(AuthCode.BAD_REQUEST, "the body is not JSON (UTF-8)") from None
     if not isinstance(document, dict):
-        raise BadRequest('the body must be a JSON object {"username", "password"}')
+        raise AuthError(
+            AuthCode.BAD_REQUEST, 'the body must be a JSON object {"username", "password"}'
+        )
     username, password = document.get("username"), document.get("password")
     if not isinstance(username, str) or not isinstance(password, str):
-        raise BadRequest('"username" and "password" must both be strings')
+        raise AuthError(AuthCode.BAD_REQUEST, '"username" and "password" must both be strings')
     return username, password
 
 
 async def _read_body(request: Request) -> bytes:
-    """The request body, refused with TooLarge as soon as it passes MAX_BODY_BYTES."""
+    """The request body, refused with ``too_large`` as soon as it passes MAX_BODY_BYTES."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise TooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+        raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
-            raise TooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+            raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
     return bytes(body)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypeVar
 
-from auth_service.errors import Unavailable, UsernameTaken
+from auth_service.errors import AuthCode, AuthError, Unavailable
 from auth_service.settings import SettingError
 
 _T = TypeVar("_T")
@@ -58,7 +58,7 @@ class Users(Protocol):
         ...
 
     async def add(self, username: str, password_hash: str) -> None:
-        """Register ``username``, or raise :class:`UsernameTaken` if any case of it exists."""
+        """Register ``username``, or raise ``username_taken`` if any case of it exists."""
         ...
 
     async def set_password_hash(self, username: str, password_hash: str) -> None:
@@ -96,7 +96,7 @@ class UserStore:
         return await self._call(self._get, username_key(username))
 
     async def add(self, username: str, password_hash: str) -> None:
-        """Register ``username``, or raise :class:`UsernameTaken` if any case of it exists."""
+        """Register ``username``, or raise ``username_taken`` if any case of it exists."""
         await self._call(self._add, username, password_hash)
 
     async def set_password_hash(self, username: str, password_hash: str) -> None:
@@ -161,7 +161,9 @@ class UserStore:
                 (username_key(username), username, password_hash, int(time.time())),
             )
         except sqlite3.IntegrityError:
-            raise UsernameTaken(f"the username {username!r} is taken") from None
+            raise AuthError(
+                AuthCode.USERNAME_TAKEN, f"the username {username!r} is taken"
+            ) from None
 
     def _set_hash(self, key: str, password_hash: str) -> None:
         assert self._db is not None

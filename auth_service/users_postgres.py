@@ -3,7 +3,7 @@
 The same contract as :class:`~auth_service.users.UserStore`: usernames are unique
 without regard to case, and the database enforces it (the primary key is the name
 lowercased, checked against the name), so two replicas registering one name at once
-give one success and one :class:`~auth_service.errors.UsernameTaken`. A registration
+give one success and one ``username_taken`` :class:`~auth_service.errors.AuthError`. A registration
 is committed (PostgreSQL's default ``synchronous_commit``) before it is answered. A
 database that is down or slow raises :class:`~auth_service.errors.Unavailable` within
 ``AUTH_DB_TIMEOUT_S`` (:class:`~auth_service.database.Database`).
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import psycopg
 
 from auth_service.database import Database
-from auth_service.errors import UsernameTaken
+from auth_service.errors import AuthCode, AuthError
 from auth_service.users import User, username_key
 
 
@@ -41,7 +41,7 @@ class PostgresUsers:
         return await self.database.run(select)
 
     async def add(self, username: str, password_hash: str) -> None:
-        """Register ``username``, or raise :class:`UsernameTaken` if any case of it exists."""
+        """Register ``username``, or raise ``username_taken`` if any case of it exists."""
 
         async def insert(conn: psycopg.AsyncConnection) -> int:
             cursor = await conn.execute(
@@ -52,7 +52,7 @@ class PostgresUsers:
             return cursor.rowcount
 
         if await self.database.run(insert) == 0:
-            raise UsernameTaken(f"the username {username!r} is taken")
+            raise AuthError(AuthCode.USERNAME_TAKEN, f"the username {username!r} is taken")
 
     async def set_password_hash(self, username: str, password_hash: str) -> None:
         """Replace the stored hash of ``username`` (after a parameter change)."""
