@@ -213,6 +213,10 @@ class WriteCoalescer:
             wire = self._wire[frame] = Frame(self._opcode, frame).serialize(mask=False)
         return wire
 
+    def framed_alone(self, frame: bytes) -> bytes:
+        """``frame`` as one unmasked websocket data frame, not kept for others (a replay's)."""
+        return Frame(self._opcode, frame).serialize(mask=False)
+
 
 class OutboundStats:
     """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""

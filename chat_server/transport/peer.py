@@ -21,8 +21,9 @@ connection that neither websocket library does for us.
   the connection is closing are dropped.
 
 A transport's connection class derives from :class:`ChatPeer`, says how frames,
-close frames and pings reach the wire (:meth:`ChatPeer._write_frames`,
-:meth:`ChatPeer._send_close_frame`, :meth:`ChatPeer._send_ping`) and reports what
+close frames and pings reach the wire (:meth:`ChatPeer._send_close_frame`,
+:meth:`ChatPeer._send_ping`, and :meth:`ChatPeer._write_frames` for data frames when an
+extension is negotiated) and reports what
 its library tells it (:meth:`ChatPeer._opened`, :meth:`ChatPeer._deliver`,
 :meth:`ChatPeer._fragment`, :meth:`ChatPeer._pong`, :meth:`ChatPeer._gone`).
 """
@@ -59,6 +60,7 @@ PEER_SLOTS = (
     "_keepalive",
     "_out",
     "_out_bytes",
+    "_plain",
     "_pong_due",
     "_spare_bytes",
     "closing",
@@ -85,6 +87,8 @@ class ChatPeer:
     closing: bool
     #: the write buffer is over its high-water mark
     paused: bool
+    #: no extension on this connection: the coalescer's shared framing fits it
+    _plain: bool
     _out: list[bytes] | None
     _out_bytes: int
     #: bytes the write buffer may still take before the bound, when the queue started
@@ -102,6 +106,7 @@ class ChatPeer:
         self.tcp = None
         self.closing = False
         self.paused = False
+        self._plain = True
         self._out = None
         self._out_bytes = 0
         self._spare_bytes = owner.max_outbound_bytes
@@ -115,10 +120,8 @@ class ChatPeer:
     # ---- what a transport provides ------------------------------------------------------
 
     def _write_frames(self, frames: list[bytes]) -> None:
-        """Write data frames in one write (by default: unmasked, no extension)."""
-        framed = self.owner.coalescer.framed
-        assert self.tcp is not None
-        self.tcp.write(b"".join([framed(frame) for frame in frames]))
+        """Write data frames through an extension (only called when ``_plain`` is False)."""
+        raise NotImplementedError
 
     def _send_close_frame(self, code: int, reason: str) -> None:
         """Write a close frame with ``code`` and ``reason``."""
@@ -153,7 +156,11 @@ class ChatPeer:
         tcp = self.tcp
         if not frames or self.closing or tcp is None or tcp.is_closing():
             return
-        self._write_frames(frames)
+        if self._plain:  # the coalescer's framing, built once per broadcast
+            framed = self.owner.coalescer.framed
+            tcp.write(b"".join([framed(frame) for frame in frames]))
+        else:
+            self._write_frames(frames)
         stats = self.owner.stats
         stats.frames_out += len(frames)
         buffered = tcp.get_write_buffer_size()
@@ -168,7 +175,11 @@ class ChatPeer:
             self.flush()  # what was sent before goes first
         if self._spare_now() is None:
             raise ConnectionError("connection is closing")
-        self._write_frames([frame])
+        if self._plain:
+            assert self.tcp is not None
+            self.tcp.write(self.owner.coalescer.framed_alone(frame))
+        else:
+            self._write_frames([frame])
         self.owner.stats.frames_out += 1
         if self.paused:
             drained = self.owner.loop.create_future()

@@ -53,7 +53,7 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
     """One connection's asyncio protocol: websockets' ``ServerProtocol`` for the wire,
     :class:`ChatPeer` for the rest."""
 
-    __slots__ = (*PEER_SLOTS, "_handshake_timer", "_plain", "_protocol")
+    __slots__ = (*PEER_SLOTS, "_handshake_timer", "_protocol")
 
     def __init__(self, owner: WebsocketsTransport) -> None:
         super().__init__(owner)
@@ -63,8 +63,6 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
             max_size=owner.settings.max_frame_bytes,
             logger=ws_log,
         )
-        #: no extension negotiated: the coalescer's shared framing fits this connection
-        self._plain = True
         self._handshake_timer: Any = None
 
     # ---- asyncio.Protocol -----------------------------------------------------------------
@@ -116,9 +114,6 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
     # ---- ChatPeer -------------------------------------------------------------------------
 
     def _write_frames(self, frames: list[bytes]) -> None:
-        if self._plain:
-            super()._write_frames(frames)
-            return
         # permessage-deflate: each frame through this connection's own compressor
         protocol = self._protocol
         send = protocol.send_binary if self.owner.codec.binary else protocol.send_text
@@ -153,8 +148,11 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
             self._handshake_timer = None
         owner = self.owner
         headers = request.headers
+        authorization = headers.get_all("Authorization")  # the first, as picows reads it
         decision = owner.admission.decide(
-            request.path, headers.get("Authorization"), headers.get_all("Sec-WebSocket-Protocol")
+            request.path,
+            authorization[0] if authorization else None,
+            headers.get_all("Sec-WebSocket-Protocol"),
         )
         protocol = self._protocol
         if isinstance(decision, Admitted):
