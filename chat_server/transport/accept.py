@@ -44,7 +44,8 @@ RECHECK_S = 0.05
 WARN_EVERY_S = 10.0
 #: seconds a client has to send its request (websockets' own open_timeout)
 HANDSHAKE_TIMEOUT_S = 10.0
-#: errors of accept() that mean "no descriptor or memory now": wait, then try again
+#: errors of accept() that mean "no descriptor or memory now" (after any error the accept
+#: loop waits RECHECK_S, then tries again)
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _FD_DIR = "/proc/self/fd"
 
@@ -152,10 +153,10 @@ class Acceptor:
             except ConnectionAbortedError:
                 continue  # the client gave up while it waited in the backlog
             except OSError as exc:
-                if exc.errno not in _OUT_OF_RESOURCES:
-                    raise
-                # another thread opened files since the count: wait for some to close
-                self._open_estimate = self._open_files
+                if exc.errno in _OUT_OF_RESOURCES:
+                    # another thread opened files since the count: count again before the next
+                    self._open_estimate = self._open_files
+                # one warning, not a traceback per connection waiting
                 self._hold(f"accept() failed: {exc.strerror}")
                 return
             self._open_estimate += 1
@@ -181,7 +182,7 @@ class Acceptor:
         if now >= self._next_warning:
             self._next_warning = now + WARN_EVERY_S
             log.warning(
-                "%s (%d open files): new connections wait in the backlog until some close",
+                "%s (open-files limit %d): new connections wait in the backlog until some close",
                 why,
                 self._open_files,
             )
