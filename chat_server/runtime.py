@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import psutil
 
+from chat_server.limits import open_files_wanted
+
 log = logging.getLogger("chat_server")
 
 
@@ -29,10 +31,10 @@ def pin_cpus(cores: tuple[int, ...] | None) -> None:
 def raise_open_files_limit(connections: int) -> int:
     """Raise the soft open-files limit towards what ``connections`` need; return the new limit.
 
-    Each connection is one file descriptor; a margin covers the database, logs
-    and listening sockets. The limit never goes above the hard limit.
+    Each connection is one file descriptor; the reserve of :mod:`chat_server.limits`
+    covers the rest. The limit never goes above the hard limit.
     """
-    wanted = connections + 256
+    wanted = open_files_wanted(connections)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if target > soft:

@@ -6,11 +6,14 @@ frame as ``str``, a binary one as ``bytes``: the codec decides what it accepts)
 and writes the frames the core gives it, with its own outbound accounting. The
 core, codecs, store and broker never know which transport runs.
 
-What both transports decide alike lives here, free of I/O: :class:`Admission`
-answers every HTTP request on the websocket port (``/healthz``, ``/stats``, and
-the upgrade's 503, 401 and 400 in the contract's order), and
-:class:`OutboundStats` holds the outbound counters ``/stats`` and the metrics
-report.
+What both transports do alike lives here and beside it: :class:`ServerTransport`
+accepts (:mod:`chat_server.transport.accept`), closes every connection on
+shutdown and reports the metrics; :class:`Admission` answers every HTTP request on
+the websocket port (``/healthz``, ``/stats``, and the upgrade's 503, 401 and 400 in
+the contract's order), free of I/O; :class:`WriteCoalescer` batches each
+connection's writes per loop iteration; :class:`OutboundStats` holds the outbound
+counters ``/stats`` and the metrics report. A connection's own side (its bound,
+closing, keepalive, reassembly) is :class:`~chat_server.transport.peer.ChatPeer`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import socket
 import struct
@@ -34,10 +38,14 @@ from websockets.frames import Frame, Opcode
 from chat_server.auth import InvalidToken, TokenVerifier
 from chat_server.codecs.base import Codec
 from chat_server.settings import Settings
+from chat_server.transport.accept import Acceptor, MethodGate, listening_socket
 from chat_server.web import WebSite
 
 if TYPE_CHECKING:
     from chat_server.service import ChatService
+    from chat_server.transport.peer import ChatPeer
+
+log = logging.getLogger("chat_server.transport")
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
@@ -53,11 +61,16 @@ PACED_HIGH_WATER_BYTES = 2**15
 
 
 class ServerTransport(ABC):
-    """A websocket server: the one seam both transports keep, and what each holds (the
-    service, the shared admission and outbound counters).
+    """A websocket server: what both transports share, and the one method each adds.
 
-    Subclasses listen where :meth:`listen_on` says and answer HTTP requests with
-    :attr:`admission`'s decisions, ``X-Chatlab-Worker: <worker>`` on each.
+    It accepts with its own :class:`~chat_server.transport.accept.Acceptor` (on
+    ``CHAT_HOST:CHAT_PORT``, or the socket the supervisor handed down with
+    ``WORKERS`` > 1). Every connection passes a
+    :class:`~chat_server.transport.accept.MethodGate` (405 for a method but GET),
+    then goes on to the protocol :meth:`connection_protocol` builds, which answers
+    HTTP requests with :attr:`admission`'s decisions, ``X-Chatlab-Worker: <pid>`` on
+    each, and keeps its upgraded connections (:class:`~chat_server.transport.peer.ChatPeer`)
+    in :attr:`peers`.
     """
 
     def __init__(
@@ -76,37 +89,76 @@ class ServerTransport(ABC):
         self.admission = Admission(settings, service, verifier, codec, self.stats)
         #: this process, as every HTTP response names it
         self.worker = str(os.getpid())
+        self.max_outbound_bytes = settings.max_outbound_bytes
         #: paced sends (replay) wait while a connection's buffer is above this, well
         #: under the 1013 bound, so a replay never trips it
         self.paced_high_water_bytes = min(PACED_HIGH_WATER_BYTES, settings.max_outbound_bytes // 4)
+        #: the upgraded connections
+        self.peers: set[ChatPeer] = set()
+        #: set when the last of :attr:`peers` is gone
+        self.all_gone = asyncio.Event()
+        #: the loop it serves on (set by :meth:`start`); connections' timers run on it
+        self.loop: asyncio.AbstractEventLoop
         self._listen_socket = listen_socket
-
-    def listen_on(self) -> dict[str, Any]:
-        """``CHAT_HOST:CHAT_PORT``, or the socket the supervisor handed down (WORKERS > 1)."""
-        if self._listen_socket is None:
-            return {"host": self.settings.host, "port": self.settings.port}
-        return {"sock": self._listen_socket}
+        self._acceptor: Acceptor | None = None
 
     @abstractmethod
+    def connection_protocol(self) -> asyncio.BaseProtocol:
+        """The protocol a connection whose request is a GET goes on to."""
+
     async def start(self) -> None:
-        """Listen; raise OSError if the address cannot be bound."""
+        """Listen and accept; raise OSError if the address cannot be bound."""
+        self.loop = asyncio.get_running_loop()
+        sock = self._listen_socket
+        if sock is None:
+            sock = listening_socket(self.settings.host, self.settings.port)
+        self._acceptor = Acceptor(sock, self._gate)
+        self._acceptor.start()
+
+    def _gate(self) -> MethodGate:
+        return MethodGate(self.connection_protocol, self._refuse_method)
+
+    def _refuse_method(self, method: str, target: str) -> bytes:
+        """The HTTP answer (405, as Admission decides it) to a request that is not a GET."""
+        reply = self.admission.decide(target, None, (), method)
+        assert isinstance(reply, Reply)
+        return reply.encode(((WORKER_HEADER, self.worker),))
 
     @property
-    @abstractmethod
     def port(self) -> int:
         """The port actually bound."""
+        assert self._acceptor is not None
+        return int(self._acceptor.sock.getsockname()[1])
 
-    @abstractmethod
     def stop_accepting(self) -> None:
-        """Stop accepting connections; open ones stay."""
+        """Close the listening socket; open connections stay."""
+        if self._acceptor is not None:
+            self._acceptor.close()
 
-    @abstractmethod
     async def close_all(self, code: int = CLOSE_GOING_AWAY, reason: str = "") -> None:
-        """Close every connection with ``code`` and wait until they are gone."""
+        """Close every connection with ``code`` and wait until they are gone.
 
-    @abstractmethod
+        Frames queued in this iteration are written first. Each connection is
+        dropped if its closing handshake is not done within ``CLOSE_TIMEOUT_S``, so
+        this returns within about that long.
+        """
+        self.coalescer.flush()
+        self.stop_accepting()
+        if not self.peers:
+            return
+        self.all_gone.clear()
+        for peer in list(self.peers):
+            peer.close(code, reason)
+        try:
+            await asyncio.wait_for(self.all_gone.wait(), self.settings.close_timeout_s + 1)
+        except TimeoutError:
+            log.warning("%d connections outlived their closing handshake: dropped", len(self.peers))
+            for peer in list(self.peers):
+                peer.abort()
+
     def metrics_snapshot(self) -> dict[str, Any]:
         """What the metrics collector reads at scrape time."""
+        return self.admission.metrics_snapshot(sum(p.buffered_bytes() for p in self.peers))
 
 
 class Corked(Protocol):
@@ -161,51 +213,9 @@ class WriteCoalescer:
             wire = self._wire[frame] = Frame(self._opcode, frame).serialize(mask=False)
         return wire
 
-
-class CoalescedPeer:
-    """The write side of a connection, as both transports share it: frames queued per
-    loop iteration for the :class:`WriteCoalescer`, bounded by ``MAX_OUTBOUND_BYTES``.
-
-    Subclasses hold ``_coalescer``, ``_out`` (None while nothing waits), ``_out_bytes``
-    and ``_room``, and say how much may still be queued (:meth:`_room_now`) and how
-    the queued frames are written (:meth:`flush`).
-    """
-
-    __slots__ = ()
-    _coalescer: WriteCoalescer
-    _out: list[bytes] | None
-    _out_bytes: int
-    _room: int
-
-    def _room_now(self) -> int | None:
-        """Bytes that may still be queued before the bound (None: not writable now)."""
-        raise NotImplementedError
-
-    def flush(self) -> None:
-        """Write the frames queued in one write; close 1013 past the bound."""
-        raise NotImplementedError
-
-    def send(self, frame: bytes) -> None:
-        """Queue one frame for this iteration's write (see :meth:`flush`).
-
-        Frames queued count toward ``MAX_OUTBOUND_BYTES`` with what the transport
-        already buffers: once they would pass it, they are written at once, so the
-        1013 close comes after the same frame as without coalescing.
-        """
-        out = self._out
-        if out is not None:
-            out.append(frame)
-            self._out_bytes += len(frame)
-        else:
-            room = self._room_now()
-            if room is None:
-                return
-            self._out = [frame]
-            self._out_bytes = len(frame)
-            self._room = room
-            self._coalescer.mark(self)
-        if self._out_bytes > self._room:
-            self.flush()
+    def framed_alone(self, frame: bytes) -> bytes:
+        """``frame`` as one unmasked websocket data frame, not kept for others (a replay's)."""
+        return Frame(self._opcode, frame).serialize(mask=False)
 
 
 class OutboundStats:
@@ -228,6 +238,20 @@ class Reply:
     content_type: str = "text/plain; charset=utf-8"
     #: further headers (``Allow`` on a 405, ``WWW-Authenticate`` on a 401)
     headers: tuple[tuple[str, str], ...] = ()
+
+    def encode(self, extra: Iterable[tuple[str, str]] = ()) -> bytes:
+        """The whole HTTP/1.1 response, ``extra`` headers first, ending the connection."""
+        body = self.body.encode()
+        headers = [
+            *extra,
+            ("Content-Type", self.content_type),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+            *self.headers,
+        ]
+        head = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        status = f"HTTP/1.1 {self.status.value} {self.status.phrase}\r\n"
+        return (status + head + "\r\n").encode("latin-1") + body
 
 
 @dataclass(frozen=True, slots=True)

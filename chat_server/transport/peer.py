@@ -1,0 +1,370 @@
+"""One connection's chatlab side, the same on both transports: what the contract asks of a
+connection that neither websocket library does for us.
+
+- **Writes.** :meth:`ChatPeer.send` only queues a frame; the transport's
+  :class:`~chat_server.transport.base.WriteCoalescer` has :meth:`ChatPeer.flush`
+  write the queue in one write at the end of the loop iteration.
+- **Slow consumers.** After every flush the connection's asyncio write buffer is
+  measured (its peak goes to ``/stats``); past ``MAX_OUTBOUND_BYTES`` the connection
+  gets close 1013 "slow consumer". Frames queued count toward the bound with what
+  the buffer holds, so the close comes after the same frame as without coalescing.
+- **Replays** (:meth:`ChatPeer.send_paced`) wait while the write buffer is above its
+  high-water mark, so a replay is paced by the client's reading and never trips 1013.
+- **Closing.** :meth:`ChatPeer.close` sends the close frame after what was queued;
+  a connection whose closing handshake is not done ``CLOSE_TIMEOUT_S`` later is
+  dropped with a TCP reset (:func:`~chat_server.transport.base.reset_on_abort`).
+- **Keepalive.** A ping every ``PING_INTERVAL_S``; no pong within ``PING_TIMEOUT_S``
+  closes with 1011.
+- **Reading.** A message sent in several frames is reassembled (bounded by
+  ``MAX_FRAME_BYTES``: 1009); a text message that is not UTF-8 closes with 1007; a
+  frame handler that raises is logged and closes with 1011. Frames that arrive once
+  the connection is closing are dropped.
+
+A transport's connection class derives from :class:`ChatPeer`, says how frames,
+close frames and pings reach the wire (:meth:`ChatPeer._send_close_frame`,
+:meth:`ChatPeer._send_ping`, and :meth:`ChatPeer._write_frames` for data frames when an
+extension is negotiated) and reports what
+its library tells it (:meth:`ChatPeer._opened`, :meth:`ChatPeer._deliver`,
+:meth:`ChatPeer._fragment`, :meth:`ChatPeer._pong`, :meth:`ChatPeer._gone`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from chat_server.transport.base import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_INVALID_TEXT,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_TRY_AGAIN_LATER,
+    bound_send_buffer,
+    reset_on_abort,
+)
+
+if TYPE_CHECKING:
+    from chat_server.core.chat import Session
+    from chat_server.transport.base import ServerTransport
+
+log = logging.getLogger("chat_server.transport")
+
+#: every field a connection holds for :class:`ChatPeer` (a subclass with ``__slots__``
+#: lists them: slots keep an idle connection small)
+PEER_SLOTS = (
+    "_drained",
+    "_drop",
+    "_fragments",
+    "_fragments_text",
+    "_keepalive",
+    "_out",
+    "_out_bytes",
+    "_plain",
+    "_pong_due",
+    "_spare_bytes",
+    "closing",
+    "owner",
+    "paused",
+    "session",
+    "tcp",
+)
+
+
+class ChatPeer:
+    """chatlab's side of one websocket connection (see the module): its writes and their
+    bound, replay pacing, closing, keepalive and message reassembly."""
+
+    __slots__ = ()
+
+    owner: ServerTransport
+    #: the service's session, from the upgrade until the connection is gone
+    session: Session | None
+    #: the TCP transport under the websocket (its write buffer is the one accounted)
+    tcp: asyncio.Transport | None
+    #: a close frame was sent or received, or the connection is gone: nothing more is
+    #: written or delivered
+    closing: bool
+    #: the write buffer is over its high-water mark
+    paused: bool
+    #: no extension on this connection: the coalescer's shared framing fits it
+    _plain: bool
+    _out: list[bytes] | None
+    _out_bytes: int
+    #: bytes the write buffer may still take before the bound, when the queue started
+    _spare_bytes: int
+    _drained: list[asyncio.Future[None]] | None
+    _fragments: bytearray | None
+    _fragments_text: bool
+    _keepalive: asyncio.TimerHandle | None
+    _pong_due: bool
+    _drop: asyncio.TimerHandle | None
+
+    def __init__(self, owner: ServerTransport) -> None:
+        self.owner = owner
+        self.session = None
+        self.tcp = None
+        self.closing = False
+        self.paused = False
+        self._plain = True
+        self._out = None
+        self._out_bytes = 0
+        self._spare_bytes = owner.max_outbound_bytes
+        self._drained = None
+        self._fragments = None
+        self._fragments_text = False
+        self._keepalive = None
+        self._pong_due = False
+        self._drop = None
+
+    # ---- what a transport provides ------------------------------------------------------
+
+    def _write_frames(self, frames: list[bytes]) -> None:
+        """Write data frames through an extension (only called when ``_plain`` is False)."""
+        raise NotImplementedError
+
+    def _send_close_frame(self, code: int, reason: str) -> None:
+        """Write a close frame with ``code`` and ``reason``."""
+        raise NotImplementedError
+
+    def _send_ping(self) -> None:
+        """Write a ping frame."""
+        raise NotImplementedError
+
+    # ---- the service's side ---------------------------------------------------------------
+
+    def send(self, frame: bytes) -> None:
+        """Queue one frame for this iteration's write (see the module)."""
+        out = self._out
+        if out is not None:
+            out.append(frame)
+            self._out_bytes += len(frame)
+        else:
+            spare = self._spare_now()
+            if spare is None:
+                return
+            self._out = [frame]
+            self._out_bytes = len(frame)
+            self._spare_bytes = spare
+            self.owner.coalescer.mark(self)
+        if self._out_bytes > self._spare_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the frames queued in one write; close 1013 when the buffer passes the bound."""
+        frames, self._out = self._out, None
+        tcp = self.tcp
+        if not frames or self.closing or tcp is None or tcp.is_closing():
+            return
+        if self._plain:  # the coalescer's framing, built once per broadcast
+            framed = self.owner.coalescer.framed
+            tcp.write(b"".join([framed(frame) for frame in frames]))
+        else:
+            self._write_frames(frames)
+        stats = self.owner.stats
+        stats.frames_out += len(frames)
+        buffered = tcp.get_write_buffer_size()
+        stats.peak_outbound_bytes = max(stats.peak_outbound_bytes, buffered)
+        if buffered > self.owner.max_outbound_bytes:
+            stats.slow_consumer_closes += 1
+            self.close(CLOSE_TRY_AGAIN_LATER, "slow consumer")
+
+    async def send_paced(self, frame: bytes) -> None:
+        """Write one frame and wait until the client has read enough (replay pacing)."""
+        if self._out:
+            self.flush()  # what was sent before goes first
+        if self._spare_now() is None:
+            raise ConnectionError("connection is closing")
+        if self._plain:
+            assert self.tcp is not None
+            self.tcp.write(self.owner.coalescer.framed_alone(frame))
+        else:
+            self._write_frames([frame])
+        self.owner.stats.frames_out += 1
+        if self.paused:
+            drained = self.owner.loop.create_future()
+            if self._drained is None:
+                self._drained = []
+            self._drained.append(drained)
+            await drained
+
+    def close(self, code: int, reason: str) -> None:
+        """Start the closing handshake now; drop the connection if it is not done in time.
+
+        Frames queued before the close go out before it.
+        """
+        if self.closing or self.tcp is None:
+            return
+        if self._out:
+            self.flush()
+            if self.closing:  # the flush closed it (1013)
+                return
+        self.closing = True
+        self._send_close_frame(code, reason)
+        self._drop_later()
+
+    def abort(self) -> None:
+        """Drop the connection now, without (or without finishing) a closing handshake."""
+        self._drop = None
+        if self.tcp is not None:
+            reset_on_abort(self.tcp)
+            self.tcp.abort()
+
+    def buffered_bytes(self) -> int:
+        """Bytes the connection's write buffer holds now."""
+        return 0 if self.tcp is None else self.tcp.get_write_buffer_size()
+
+    # ---- what the transport reports -----------------------------------------------------
+
+    def _opened(self, user: str) -> None:
+        """The upgrade is done (``tcp`` is set): the connection joins the service."""
+        owner = self.owner
+        tcp = self.tcp
+        assert tcp is not None
+        tcp.set_write_buffer_limits(high=owner.paced_high_water_bytes)
+        bound_send_buffer(tcp, owner.settings.socket_send_buffer_bytes)
+        owner.peers.add(self)
+        self.session = owner.service.open(user, self.send, self.send_paced, self.close)
+        if owner.settings.ping_interval_s:
+            self._keepalive = owner.loop.call_later(owner.settings.ping_interval_s, self._ping)
+
+    def _deliver(self, message: str | bytes) -> None:
+        """One whole message (text as str, binary as bytes) to the service."""
+        if self.closing:
+            return
+        try:
+            self.owner.service.on_frame(self.session, message)  # type: ignore[arg-type]
+        except Exception:
+            log.error("message handler failed", exc_info=True)
+            self._fail(CLOSE_INTERNAL_ERROR, "internal error")
+
+    def _deliver_text(self, data: bytes | bytearray) -> None:
+        """A whole text message's bytes: delivered as str, or 1007 when not UTF-8."""
+        try:
+            message = data.decode()
+        except UnicodeDecodeError as exc:
+            self._invalid_text(exc)
+            return
+        self._deliver(message)
+
+    def _invalid_text(self, exc: UnicodeDecodeError) -> None:
+        """A text message that is not UTF-8: close 1007."""
+        self._fail(CLOSE_INVALID_TEXT, f"invalid UTF-8: {exc.reason} at position {exc.start}")
+
+    def _fragment(self, text: bool | None, data: bytes | memoryview, fin: bool) -> None:
+        """A frame of a message sent in several: ``text`` True or False starts the message
+        (a text or binary frame), None continues it."""
+        if self.closing:
+            return  # the rest of a message refused (1009, 1007) or sent after a close
+        fragments = self._fragments
+        if text is None:
+            if fragments is None:
+                self._fail(CLOSE_PROTOCOL_ERROR, "continuation frame without a message")
+                return
+        elif fragments is not None:
+            self._fail(CLOSE_PROTOCOL_ERROR, "new message inside a fragmented one")
+            return
+        else:
+            fragments = self._fragments = bytearray()
+            self._fragments_text = text
+        if len(fragments) + len(data) > self.owner.settings.max_frame_bytes:
+            self._fail(CLOSE_MESSAGE_TOO_BIG, "message over MAX_FRAME_BYTES")
+            return
+        fragments += data
+        if not fin:
+            return
+        self._fragments = None
+        if self._fragments_text:
+            self._deliver_text(fragments)
+        else:
+            self._deliver(bytes(fragments))
+
+    def _pong(self) -> None:
+        """A pong: the keepalive's answer (an unsolicited one is ignored)."""
+        if not self._pong_due or self.closing:
+            return
+        self._pong_due = False
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self._keepalive = self.owner.loop.call_later(
+            self.owner.settings.ping_interval_s, self._ping
+        )
+
+    def pause_writing(self) -> None:
+        """The write buffer passed its high-water mark: paced sends wait."""
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        """The write buffer drained below its low-water mark: paced sends go on."""
+        self.paused = False
+        self._wake_paced(None)
+
+    def _gone(self) -> None:
+        """The connection is closed: it leaves the service, its timers stop."""
+        self.closing = True
+        for handle in (self._keepalive, self._drop):
+            if handle is not None:
+                handle.cancel()
+        self._keepalive = self._drop = None
+        self._wake_paced(ConnectionError("connection closed"))
+        owner = self.owner
+        if self.session is not None:
+            owner.peers.discard(self)
+            owner.service.disconnect(self.session)
+            self.session = None
+            if not owner.peers:
+                owner.all_gone.set()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _spare_now(self) -> int | None:
+        """Bytes that may still be queued before the bound (None: not writable now)."""
+        tcp = self.tcp
+        if self.closing or tcp is None or tcp.is_closing():
+            # a peer that reset is still open to the library until its EOF is read, but its
+            # transport is closing: writing there makes asyncio log a warning per write
+            return None
+        return self.owner.max_outbound_bytes - tcp.get_write_buffer_size()
+
+    def _fail(self, code: int, reason: str) -> None:
+        """Close with ``code`` for something the client did; its later frames are dropped.
+
+        The socket is not shut at once: a close with the client's unread frames still in
+        the receive buffer would go out as a TCP reset, and the client could lose the
+        close frame (and its code). The closing handshake, or the drop after
+        ``CLOSE_TIMEOUT_S``, ends the connection, as for every other close.
+        """
+        self._fragments = None
+        self.close(code, reason)
+
+    def _drop_later(self) -> None:
+        """Drop the connection if it is still there after ``CLOSE_TIMEOUT_S``."""
+        if self._drop is None:
+            self._drop = self.owner.loop.call_later(self.owner.settings.close_timeout_s, self.abort)
+
+    def _ping(self) -> None:
+        if self.closing or self.tcp is None:
+            return
+        self._send_ping()
+        self._pong_due = True
+        timeout_s = self.owner.settings.ping_timeout_s
+        if timeout_s:
+            self._keepalive = self.owner.loop.call_later(timeout_s, self._no_pong)
+        else:
+            self._keepalive = self.owner.loop.call_later(
+                self.owner.settings.ping_interval_s, self._ping
+            )
+
+    def _no_pong(self) -> None:
+        self._keepalive = None
+        self._fail(CLOSE_INTERNAL_ERROR, "keepalive ping timeout")
+
+    def _wake_paced(self, error: Exception | None) -> None:
+        drained, self._drained = self._drained, None
+        for waiter in drained or ():
+            if waiter.done():
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
