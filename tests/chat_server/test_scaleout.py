@@ -424,7 +424,7 @@ async def test_subscribers_dropped_by_redis_resubscribe_and_fill_what_they_misse
         assert [m.seq for m in inbox.of(Message)] == list(range(1, 41))
     await alice_inbox.wait_for(lambda: len(alice_inbox.of(Ack)) == 40)
     assert server.log().count("pub/sub connection lost") == 2
-    assert admin.pubsub_numsub("chat:{dropped}") == [(b"chat:{dropped}", 2)]
+    assert admin.pubsub_shardnumsub("chat:{dropped}") == [(b"chat:{dropped}", 2)]
     admin.close()
     assert server.stop() == 0, server.log()
 
