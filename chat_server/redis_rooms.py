@@ -209,7 +209,8 @@ async def run_scripts(
         pipe = client.pipeline(transaction=False)
         for index in todo:
             script, keys, args = calls[index]
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            # not pipe.evalsha(): a cluster pipeline refuses that name, not the command
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         replies = await pipe.execute(raise_on_error=False)
         missing = []
         for index, reply in zip(todo, replies, strict=True):

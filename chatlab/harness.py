@@ -365,6 +365,8 @@ class RedisClusterProcesses:
     def wait_ok(self, timeout_s: float = 60) -> None:
         """Wait until every live node reports ``cluster_state:ok`` and agrees on the slots."""
         deadline = time.monotonic() + timeout_s
+        states: set[str] = set()
+        shards: set[str] = set()
         while True:
             try:
                 live = [node for node in self.nodes if node.proc and node.proc.poll() is None]
@@ -395,6 +397,44 @@ class RedisClusterProcesses:
     def node_id(self, node: RedisProcess) -> str:
         """The cluster's ID of ``node``."""
         return node.call("cluster", "myid").strip()
+
+    def primaries(self) -> list[RedisProcess]:
+        """The live nodes that are primaries now."""
+        return [
+            node
+            for node in self.nodes
+            if node.proc and node.proc.poll() is None and node.call("role").startswith("master")
+        ]
+
+    def flush(self) -> None:
+        """Delete every key on every primary (their replicas follow)."""
+        for node in self.primaries():
+            node.call("flushall")
+
+    def move_slot(self, slot: int, target: RedisProcess) -> None:
+        """Migrate ``slot`` and its keys to the primary ``target`` as ``redis-cli --cluster
+        reshard`` does for each slot: IMPORTING, MIGRATING, MIGRATE its keys in batches,
+        then SETSLOT NODE on the target, the source and every other primary."""
+        import redis  # noqa: PLC0415 (only the tests and the lab move slots)
+
+        source = self.primary_of(slot)
+        if source is target:
+            return
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with (
+            redis.Redis(host="127.0.0.1", port=source.port) as src,
+            redis.Redis(host="127.0.0.1", port=target.port) as dst,
+        ):
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for node in self.primaries():
+            if node not in (source, target):
+                node.call("cluster", "setslot", str(slot), "node", target_id)
+        self.wait_ok()
 
     def kill(self) -> None:
         """SIGKILL every node."""

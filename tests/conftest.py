@@ -1,4 +1,5 @@
-"""Shared fixtures: a key pair, token minting, chat servers and Redis as real processes.
+"""Shared fixtures: a key pair, token minting, chat servers, Redis and a Redis Cluster as
+real processes.
 
 Chat servers start on the ``transport`` fixture's ``TRANSPORT``. Tests marked
 ``transports`` (the flows, bad input, resilience: whatever crosses the transport)
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from chat_server.settings import TRANSPORTS
-from tests.support import KeyPair, RedisProcess, ServerProcess
+from tests.support import KeyPair, RedisClusterProcesses, RedisProcess, ServerProcess
 
 #: the transport of tests not marked ``transports``
 DEFAULT_TRANSPORT = os.environ.get("CHATLAB_TEST_TRANSPORT", "websockets")
@@ -98,3 +99,22 @@ def start_redis(tmp_path: Path) -> Iterator[Callable[..., RedisProcess]]:
 def redis_server(start_redis: Callable[..., RedisProcess]) -> RedisProcess:
     """A private redis-server on a free port, without persistence."""
     return start_redis()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    """A private Redis Cluster (three primaries, one replica each) for the whole module;
+    killed after it. Tests that share it flush it first (:func:`fresh_cluster`)."""
+    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.kill()
+
+
+@pytest.fixture
+def fresh_cluster(redis_cluster: RedisClusterProcesses) -> RedisClusterProcesses:
+    """The module's Redis Cluster, emptied (no history or presence of earlier tests)."""
+    redis_cluster.wait_ok()
+    redis_cluster.flush()
+    return redis_cluster
