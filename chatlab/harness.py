@@ -313,6 +313,14 @@ class RedisProcess(ServiceProcess):
         """``redis-cli`` against this server; its output (raises if it fails)."""
         return redis_cli("-p", str(self.port), *args)
 
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        """The running process (to pin)."""
+        return [self.proc] if self.proc is not None else []
+
+    def pids(self) -> tuple[int, ...]:
+        """The process' pid (to sample)."""
+        return tuple(proc.pid for proc in self.procs())
+
 
 #: a cluster node that does not answer this long is failed over (Redis' default is 15 s)
 CLUSTER_NODE_TIMEOUT_MS = 2000
@@ -338,9 +346,18 @@ class RedisClusterProcesses:
     :class:`RedisProcess` on free ports (its cluster bus on a free port of its own), made
     one cluster by ``redis-cli --cluster create``."""
 
-    def __init__(self, workdir: Path, *, primaries: int = 3) -> None:
+    def __init__(self, workdir: Path, *, primaries: int = 3, appendonly: bool = False) -> None:
         self.workdir = workdir
-        self.nodes = [RedisProcess(workdir, cluster_port=free_port()) for _ in range(primaries * 2)]
+        # with appendonly: Redis' default AOF policy (everysec), as the lab runs one Redis
+        self.nodes = []
+        for i in range(primaries * 2):
+            node_dir = workdir / f"node-{i}"  # each node's AOF directory is its own
+            node_dir.mkdir(parents=True, exist_ok=True)
+            self.nodes.append(
+                RedisProcess(
+                    node_dir, appendonly=appendonly, fsync="everysec", cluster_port=free_port()
+                )
+            )
 
     @property
     def url(self) -> str:
@@ -435,6 +452,19 @@ class RedisClusterProcesses:
             if node not in (source, target):
                 node.call("cluster", "setslot", str(slot), "node", target_id)
         self.wait_ok()
+
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        """Every node's running process (to pin)."""
+        return [proc for node in self.nodes for proc in node.procs()]
+
+    def pids(self) -> tuple[int, ...]:
+        """Every node's pid (to sample, summed)."""
+        return tuple(proc.pid for proc in self.procs())
+
+    def stop(self) -> None:
+        """SIGTERM every node, and wait."""
+        for node in self.nodes:
+            node.stop()
 
     def kill(self) -> None:
         """SIGKILL every node."""

@@ -1,15 +1,17 @@
 """Durable room history in Redis Streams, shared by every process on every machine.
 
 With ``BROKER=redis`` this store replaces SQLite, on one Redis (a primary, with
-replicas if wanted; not Redis Cluster: the presence scripts touch keys of several
-rooms). Give it ``maxmemory-policy noeviction``: evicting a stream loses history
-(a lost ``seq`` key alone is recovered from its stream's last ID). Each room's keys,
-channel and stored entries are laid out by :mod:`chat_server.redis_rooms`.
+replicas if wanted) or, with ``REDIS_CLUSTER=on``, a Redis Cluster: each commit script
+touches one room, so each room lives on the primary serving its slot, and a pipeline
+sends each primary its rooms' share. Give it ``maxmemory-policy noeviction``: evicting a
+stream loses history (a lost ``seq`` key alone is recovered from its stream's last ID).
+Each room's keys, channel and stored entries are laid out by
+:mod:`chat_server.redis_rooms`.
 
 **One atomic step.** A batch from the group commit becomes one pipeline holding
 one ``EVALSHA`` per room; the script (:data:`COMMIT_SCRIPT`) numbers the
 room's messages from its ``seq`` key, appends them to the stream, trims it,
-records the commit marker and ``PUBLISH``\\ es them to the room's channel as one
+records the commit marker and ``SPUBLISH``\\ es them to the room's channel as one
 payload ``M<first seq> [entry, ...]``. A script runs atomically, so every
 subscriber sees a room's messages in ``seq`` order with nothing between
 numbering and publishing, and a failed script numbers nothing (it checks that
