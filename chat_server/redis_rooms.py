@@ -16,23 +16,33 @@ Each room has these keys (the ``{room}`` hash tag keeps them in one slot):
     a send with a ``ref``: ``"<body digest> <seq>"``, expiring after
     ``SEND_REF_WINDOW_S``. The commit script answers a send with the same user,
     room, ref and body by that ``seq`` and neither stores nor publishes it again, so
-    a retry is stored once whichever process takes it (idempotent sends).
+    a retry is stored once whichever process takes it (idempotent sends);
+``chat:{room}:users``, ``chat:{room}:pv``, ``chat:{room}:held``, ``chat:{room}:leases``
+    the room's shared presence (see :mod:`chat_server.broker.presence`),
 
-and a pub/sub channel ``chat:{room}`` (:func:`room_channel`) on which the store's
-commit script publishes each batch as ``M<first seq> [entry, ...]``. Also here: the
-client both share (:func:`connect_redis`, which never retries by itself), the
-connection errors and reconnect backoff both use.
+and a sharded pub/sub channel ``chat:{room}`` (:func:`room_channel`, in the room's
+slot) on which the store's commit script ``SPUBLISH``\\ es each batch as ``M<first
+seq> [entry, ...]``. No command and no script touches two rooms, so every room may
+live on its own node of a Redis Cluster; every key a script touches is one of its
+``KEYS``. Also here: the client both share (:func:`connect_redis`: one Redis or a
+cluster, never retrying by itself), scripts that load themselves again where a node
+lost them (:func:`run_scripts`), the connection errors and reconnect backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ClusterDownError, NoScriptError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -43,8 +53,12 @@ BACKOFF_MIN_S: Final = 0.05
 BACKOFF_MAX_S: Final = 1.0
 #: how long closing waits for a background task to end after cancelling it
 CLOSE_WAIT_S: Final = 2.0
-#: connection errors: the request may or may not have reached Redis
-CONNECTION_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+#: connection errors: the request may or may not have reached Redis (a cluster that lost a
+#: primary answers ClusterDownError until a replica took over)
+CONNECTION_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError, ClusterDownError)
+
+#: the client both the store and the broker use: one Redis, or a Redis Cluster
+RedisClient = Redis | RedisCluster
 
 
 class Entry(msgspec.Struct, array_like=True):
@@ -124,15 +138,93 @@ def raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-def connect_redis(url: str) -> Redis:
-    """A client for ``url`` that never retries by itself (a retried write could run twice)."""
-    return Redis.from_url(
-        url,
-        retry=Retry(NoBackoff(), 0),
-        socket_connect_timeout=2,
-        socket_timeout=5,
-        health_check_interval=10,
+_CONNECTION: Final[dict[str, Any]] = {
+    "socket_connect_timeout": 2,
+    "socket_timeout": 5,
+    "health_check_interval": 10,
+}
+
+
+#: a cluster client's tries again after a connection error, each after learning the slots
+#: anew (a failed-over primary's slots are then its replica's)
+CLUSTER_RETRIES: Final = 3
+
+
+def connect_redis(url: str, *, cluster: bool = False) -> RedisClient:
+    """A client for ``url``; on one Redis it never retries by itself.
+
+    With ``cluster``, ``url`` lists seed nodes of a Redis Cluster, comma-separated
+    (``redis://10.0.0.1:7000,redis://10.0.0.2:7000``; the first one's user, password
+    and TLS apply to every node): the client learns the slots from them, follows
+    ``MOVED``, ``ASK`` and ``TRYAGAIN``, and retries a command or pipeline that met a
+    connection error :data:`CLUSTER_RETRIES` times, learning the slots again first. That
+    is safe here: every write is a script that runs at most once (the commit marker) or
+    whose repeat changes nothing (presence), and without it the pipeline would keep
+    sending to a primary that failed over.
+    """
+    if not cluster:
+        return Redis.from_url(url, retry=Retry(NoBackoff(), 0), **_CONNECTION)
+    seeds = [urlsplit(seed.strip()) for seed in url.split(",")]
+    first = seeds[0]
+    return RedisCluster(
+        startup_nodes=[
+            ClusterNode(seed.hostname or "127.0.0.1", seed.port or 6379) for seed in seeds
+        ],
+        username=first.username,
+        password=first.password,
+        ssl=first.scheme == "rediss",
+        retry=Retry(NoBackoff(), CLUSTER_RETRIES),
+        **_CONNECTION,
     )
+
+
+def node_url(url: str, host: str, port: int) -> str:
+    """The URL of the cluster node ``host:port``, with the credentials and TLS of the first
+    seed ``url`` lists (for what a cluster client does not do: hold one node's
+    subscriptions)."""
+    first = urlsplit(url.split(",", maxsplit=1)[0].strip())
+    userinfo = first.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
+    return urlunsplit((first.scheme, netloc, "/0", "", ""))
+
+
+class Script:
+    """A Lua script run by its SHA, loaded again wherever a node answers ``NOSCRIPT`` (a
+    restarted Redis, a replica promoted after a failover)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+async def run_scripts(
+    client: RedisClient, calls: Sequence[tuple[Script, Sequence[str], Sequence[Any]]]
+) -> list[Any]:
+    """Run ``(script, keys, args)`` calls in one pipeline (not a transaction); each call's
+    reply or error, in order. Calls a node did not know the script of are loaded and run
+    again (they had not run); connection errors propagate (in doubt)."""
+    results: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        for index in todo:
+            script, keys, args = calls[index]
+            # not pipe.evalsha(): a cluster pipeline refuses that name, not the command
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        missing = []
+        for index, reply in zip(todo, replies, strict=True):
+            if isinstance(reply, NoScriptError) and attempt == 0:
+                missing.append(index)
+            else:
+                results[index] = reply
+        if not missing:
+            break
+        # SCRIPT LOAD goes to every primary of a cluster
+        for script in {calls[index][0] for index in missing}:
+            await client.script_load(script.source)
+        todo = missing
+    return results
 
 
 async def read_range(client: Redis, room: str, after: int, upto: int, count: int) -> list[Message]:

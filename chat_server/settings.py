@@ -43,9 +43,13 @@ __all__ = ["REGRESSIONS", "SPECS", "TRANSPORTS", "SettingError", "Settings", "se
 
 def _redis_url(raw: str) -> str:
     value = raw.strip()
-    if not value.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError("allowed: a redis://, rediss:// or unix:// URL")
-    return value
+    seeds = [seed.strip() for seed in value.split(",")]
+    if not all(seed.startswith(("redis://", "rediss://", "unix://")) for seed in seeds):
+        raise ValueError(
+            "allowed: a redis://, rediss:// or unix:// URL (with REDIS_CLUSTER=on: several,"
+            " comma-separated)"
+        )
+    return ",".join(seeds)
 
 
 ASYMMETRIC_JWT_ALGORITHMS = ("EdDSA", "ES256", "ES384", "ES512", "RS256", "RS384", "RS512", "PS256")
@@ -159,7 +163,16 @@ SPECS: tuple[Spec, ...] = (
         "redis_url",
         "redis://127.0.0.1:6379/0",
         _redis_url,
-        "used when BROKER=redis; unreachable at start: exit 2",
+        "used when BROKER=redis; unreachable at start: exit 2. With REDIS_CLUSTER=on: seed"
+        " nodes of the cluster, comma-separated (redis://10.0.0.1:7000,redis://10.0.0.2:7000)",
+    ),
+    Spec(
+        "REDIS_CLUSTER",
+        "redis_cluster",
+        "off",
+        on_off,
+        "with BROKER=redis: off (one Redis at REDIS_URL) or on (a Redis Cluster: rooms spread"
+        " over its primaries by slot, sharded pub/sub on each room's node)",
     ),
     Spec(
         "PRESENCE_LEASE_S",
@@ -474,6 +487,7 @@ class Settings(SpecSettings):
     workers: int
     broker: str
     redis_url: str
+    redis_cluster: bool
     presence_lease_s: float
     chat_db: str
     chat_db_synchronous: str
@@ -547,6 +561,23 @@ class Settings(SpecSettings):
                 str(self.workers),
                 "WORKERS above 1 needs BROKER=redis (BROKER=memory fans out in one process only)",
             )
+        if self.redis_cluster and self.broker != "redis":
+            raise SettingError("REDIS_CLUSTER", "on", "REDIS_CLUSTER=on needs BROKER=redis")
+        if self.redis_cluster and (
+            self.redis_url.startswith("unix://")
+            or any(_redis_db(seed) for seed in self.redis_url.split(","))
+        ):
+            raise SettingError(
+                "REDIS_URL",
+                redact_url(self.redis_url),
+                "a Redis Cluster's seeds are redis:// or rediss:// URLs of database 0",
+            )
+        if not self.redis_cluster and "," in self.redis_url:
+            raise SettingError(
+                "REDIS_URL",
+                redact_url(self.redis_url),
+                "one URL (several seed nodes need REDIS_CLUSTER=on)",
+            )
         try:
             commit_place(self.chat_db_commit, self.chat_db_synchronous)
         except ValueError:
@@ -573,7 +604,8 @@ class Settings(SpecSettings):
             f"deflate={'on' if self.ws_deflate else 'off'} affinity={affinity} "
             f"workers={self.workers} broker={self.broker} transport={self.transport} "
             + (
-                f"store=redis:{_redis_location(self.redis_url)}"
+                f"store=redis{'-cluster' if self.redis_cluster else ''}:"
+                f"{_redis_location(self.redis_url.split(',')[0])}"
                 if self.broker == "redis"
                 else f"store=sqlite:{self.chat_db} synchronous={self.chat_db_synchronous}"
                 f" commit={self.store_commit_place}"
@@ -581,6 +613,12 @@ class Settings(SpecSettings):
             + f" gc={self.gc_policy}"
             + (f" REGRESSION={self.regression}" if self.regression != "off" else "")
         )
+
+
+def _redis_db(url: str) -> int:
+    """The database number of a Redis URL (0 when it names none)."""
+    path = url.partition("://")[2].partition("/")[2].partition("?")[0]
+    return int(path) if path.isdigit() else 0
 
 
 def _redis_location(url: str) -> str:

@@ -3,7 +3,8 @@
 ``BROKER`` picks the history store, the broker and the delivery together:
 ``memory`` is SQLite history, the in-process broker and local delivery (one
 process); ``redis`` is Redis Streams history, the Redis broker on one shared client
-and shared delivery (many processes or machines). The core gets the seams of the
+and shared delivery (many processes or machines), on one Redis or, with
+``REDIS_CLUSTER=on``, a Redis Cluster. The core gets the seams of the
 chosen broker; REGRESSION's changes come from
 :class:`~chat_server.regressions.Regression`. This is the one place that asks which
 was chosen: the service holds objects that keep one contract each.
@@ -135,11 +136,19 @@ def _redis_backend(
     """BROKER=redis: Redis history and broker on one client (many processes or machines)."""
     # imported only when chosen: the redis client is not loaded for one process
     from chat_server.broker.redis import RedisBroker  # noqa: PLC0415
+    from chat_server.broker.shards import ClusterSlots, OneRedis  # noqa: PLC0415
     from chat_server.delivery.shared import SharedDelivery  # noqa: PLC0415
     from chat_server.redis_rooms import connect_redis  # noqa: PLC0415
     from chat_server.store.redis import RedisHistoryStore  # noqa: PLC0415
 
-    client = connect_redis(settings.redis_url)
+    client = connect_redis(settings.redis_url, cluster=settings.redis_cluster)
+    release = [client.aclose]
+    if settings.redis_cluster:
+        slots = ClusterSlots(client, settings.redis_url)  # type: ignore[arg-type]
+        topology: ClusterSlots | OneRedis = slots
+        release.append(slots.close)
+    else:
+        topology = OneRedis(client)  # type: ignore[arg-type]
     store = RedisHistoryStore(
         client=client,
         writer=worker.id,
@@ -149,11 +158,13 @@ def _redis_backend(
         commit_seconds=counters.commit_seconds,
         send_ref_window_s=settings.send_ref_window_s,
     )
-    broker = RedisBroker(client=client, worker=worker.id, lease_s=settings.presence_lease_s)
+    broker = RedisBroker(
+        client=client, topology=topology, worker=worker.id, lease_s=settings.presence_lease_s
+    )
     return _Backend(
         store=store,
         broker=broker,
         delivery=SharedDelivery,
         last_seq=broker.last_seq,
-        release=(client.aclose,),
+        release=tuple(release),
     )

@@ -242,11 +242,14 @@ class RedisProcess(ServiceProcess):
         appendonly: bool = False,
         port: int | None = None,
         fsync: str = "always",
+        cluster_port: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.appendonly = appendonly
         self.fsync = fsync
+        #: with a cluster bus port: a cluster node (its bus on this port, not port + 10000)
+        self.cluster_port = cluster_port
         self.env = dict(os.environ)
         self.log_path = workdir / f"redis-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -264,6 +267,20 @@ class RedisProcess(ServiceProcess):
             if self.appendonly
             else ["--appendonly", "no", "--save", ""]
         )
+        cluster = (
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                str(self.cluster_port),
+                "--cluster-config-file",
+                f"nodes-{self.port}.conf",
+                "--cluster-node-timeout",
+                str(CLUSTER_NODE_TIMEOUT_MS),
+            ]
+            if self.cluster_port
+            else []
+        )
         return [
             binary,
             "--port",
@@ -277,6 +294,7 @@ class RedisProcess(ServiceProcess):
             "--maxmemory-policy",
             "noeviction",
             *persistence,
+            *cluster,
         ]
 
     def ready(self) -> bool:
@@ -290,6 +308,173 @@ class RedisProcess(ServiceProcess):
         """Start and wait until it answers PING."""
         self._start(timeout_s)
         return self
+
+    def call(self, *args: str) -> str:
+        """``redis-cli`` against this server; its output (raises if it fails)."""
+        return redis_cli("-p", str(self.port), *args)
+
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        """The running process (to pin)."""
+        return [self.proc] if self.proc is not None else []
+
+    def pids(self) -> tuple[int, ...]:
+        """The process' pid (to sample)."""
+        return tuple(proc.pid for proc in self.procs())
+
+
+#: a cluster node that does not answer this long is failed over (Redis' default is 15 s)
+CLUSTER_NODE_TIMEOUT_MS = 2000
+
+
+def redis_cli(*args: str, timeout_s: float = 60) -> str:
+    """Run ``redis-cli`` against 127.0.0.1; its output (raises if it fails)."""
+    binary = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+    done = subprocess.run(
+        [binary, "-h", "127.0.0.1", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0 or done.stdout.startswith(("ERR", "[ERR]")):
+        raise RuntimeError(f"redis-cli {' '.join(args)}: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
+class RedisClusterProcesses:
+    """A private Redis Cluster: ``primaries`` primaries with one replica each, every node a
+    :class:`RedisProcess` on free ports (its cluster bus on a free port of its own), made
+    one cluster by ``redis-cli --cluster create``."""
+
+    def __init__(self, workdir: Path, *, primaries: int = 3, appendonly: bool = False) -> None:
+        self.workdir = workdir
+        # with appendonly: Redis' default AOF policy (everysec), as the lab runs one Redis
+        self.nodes = []
+        for i in range(primaries * 2):
+            node_dir = workdir / f"node-{i}"  # each node's AOF directory is its own
+            node_dir.mkdir(parents=True, exist_ok=True)
+            self.nodes.append(
+                RedisProcess(
+                    node_dir, appendonly=appendonly, fsync="everysec", cluster_port=free_port()
+                )
+            )
+
+    @property
+    def url(self) -> str:
+        """The ``REDIS_URL`` for ``REDIS_CLUSTER=on``: every node, as seeds."""
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self, timeout_s: float = 60) -> RedisClusterProcesses:
+        """Start every node, create the cluster, wait until every node says it is ok."""
+        for node in self.nodes:
+            node.start()
+        redis_cli(
+            "--cluster",
+            "create",
+            *(f"127.0.0.1:{node.port}" for node in self.nodes),
+            "--cluster-replicas",
+            "1",
+            "--cluster-yes",
+        )
+        self.wait_ok(timeout_s)
+        return self
+
+    def wait_ok(self, timeout_s: float = 60) -> None:
+        """Wait until every live node reports ``cluster_state:ok`` and agrees on the slots."""
+        deadline = time.monotonic() + timeout_s
+        states: set[str] = set()
+        shards: set[str] = set()
+        while True:
+            try:
+                live = [node for node in self.nodes if node.proc and node.proc.poll() is None]
+                states = {node.call("cluster", "info").split()[0] for node in live}
+                shards = {_slot_owners(node.call("cluster", "slots")) for node in live}
+                if states == {"cluster_state:ok"} and len(shards) == 1:
+                    return
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Redis Cluster did not become ok: {states} {shards}")
+            time.sleep(0.1)
+
+    def primary_of(self, slot: int) -> RedisProcess:
+        """The node serving ``slot`` now."""
+        node = self.nodes[0].call("cluster", "nodes")
+        for line in node.splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for part in fields[8:]:
+                start, _, end = part.partition("-")
+                if start.isdigit() and int(start) <= slot <= int(end or start):
+                    port = int(fields[1].split(":")[1].split("@")[0])
+                    return next(n for n in self.nodes if n.port == port)
+        raise RuntimeError(f"no primary serves slot {slot}")
+
+    def node_id(self, node: RedisProcess) -> str:
+        """The cluster's ID of ``node``."""
+        return node.call("cluster", "myid").strip()
+
+    def primaries(self) -> list[RedisProcess]:
+        """The live nodes that are primaries now."""
+        return [
+            node
+            for node in self.nodes
+            if node.proc and node.proc.poll() is None and node.call("role").startswith("master")
+        ]
+
+    def flush(self) -> None:
+        """Delete every key on every primary (their replicas follow)."""
+        for node in self.primaries():
+            node.call("flushall")
+
+    def move_slot(self, slot: int, target: RedisProcess) -> None:
+        """Migrate ``slot`` and its keys to the primary ``target`` as ``redis-cli --cluster
+        reshard`` does for each slot: IMPORTING, MIGRATING, MIGRATE its keys in batches,
+        then SETSLOT NODE on the target, the source and every other primary."""
+        import redis  # noqa: PLC0415 (only the tests and the lab move slots)
+
+        source = self.primary_of(slot)
+        if source is target:
+            return
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with (
+            redis.Redis(host="127.0.0.1", port=source.port) as src,
+            redis.Redis(host="127.0.0.1", port=target.port) as dst,
+        ):
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for node in self.primaries():
+            if node not in (source, target):
+                node.call("cluster", "setslot", str(slot), "node", target_id)
+        self.wait_ok()
+
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        """Every node's running process (to pin)."""
+        return [proc for node in self.nodes for proc in node.procs()]
+
+    def pids(self) -> tuple[int, ...]:
+        """Every node's pid (to sample, summed)."""
+        return tuple(proc.pid for proc in self.procs())
+
+    def stop(self) -> None:
+        """SIGTERM every node, and wait."""
+        for node in self.nodes:
+            node.stop()
+
+    def kill(self) -> None:
+        """SIGKILL every node."""
+        for node in self.nodes:
+            node.kill()
+
+
+def _slot_owners(cluster_slots: str) -> str:
+    """``CLUSTER SLOTS`` output as redis-cli prints it, reduced to something comparable."""
+    return " ".join(sorted(cluster_slots.split()))
 
 
 # ---- the auth service ----------------------------------------------------------------

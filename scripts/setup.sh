@@ -4,14 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the project needs: sqlite3 (inspect the history), redis-server
-# (scale-out), graphviz (call graphs in the lab report), chromium (the tests that open
+# Debian packages the project needs: sqlite3 (inspect the history), redis-server and
+# redis-tools (scale-out; redis-cli makes the tests' and the lab's Redis Cluster), graphviz (call graphs in the lab report), chromium (the tests that open
 # the lab's report.html and the web chat page in a real headless browser),
 # chromium-driver (selenium drives that chromium), prometheus (promtool checks
 # deploy/prometheus/, and a test runs prometheus against the services), postgresql
 # (the auth service's AUTH_DB_URL: the tests make and start clusters of their own with
 # its initdb and pg_ctl).
-DEB_PACKAGES="python3-venv sqlite3 redis-server graphviz chromium chromium-driver prometheus postgresql"
+DEB_PACKAGES="python3-venv sqlite3 redis-server redis-tools graphviz chromium chromium-driver prometheus postgresql"
 if command -v apt-get >/dev/null 2>&1; then
   missing=""
   for pkg in $DEB_PACKAGES; do
@@ -25,7 +25,7 @@ if command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
   fi
 else
-  echo "setup: no apt-get here; install sqlite3, redis-server, graphviz, chromium, chromium-driver, prometheus and postgresql yourself" >&2
+  echo "setup: no apt-get here; install sqlite3, redis-server, redis-tools, graphviz, chromium, chromium-driver, prometheus and postgresql yourself" >&2
 fi
 
 PYTHON="${PYTHON:-python3}"

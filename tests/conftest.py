@@ -1,5 +1,5 @@
-"""Shared fixtures: a key pair, token minting, chat servers, Redis and PostgreSQL as real
-processes.
+"""Shared fixtures: a key pair, token minting, chat servers, Redis, a Redis Cluster and
+PostgreSQL as real processes.
 
 Chat servers start on the ``transport`` fixture's ``TRANSPORT``. Tests marked
 ``transports`` (the flows, bad input, resilience: whatever crosses the transport)
@@ -19,7 +19,7 @@ import pytest
 
 from chat_server.settings import TRANSPORTS
 from chatlab.postgres import PostgresProcess
-from tests.support import KeyPair, RedisProcess, ServerProcess
+from tests.support import KeyPair, RedisClusterProcesses, RedisProcess, ServerProcess
 
 #: the transport of tests not marked ``transports``
 DEFAULT_TRANSPORT = os.environ.get("CHATLAB_TEST_TRANSPORT", "websockets")
@@ -115,3 +115,22 @@ def postgres() -> Iterator[PostgresProcess]:
 def auth_db_url(postgres: PostgresProcess) -> str:
     """A fresh, empty database on the run's PostgreSQL: its URL, password included."""
     return postgres.create_database(f"test_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    """A private Redis Cluster (three primaries, one replica each) for the whole module;
+    killed after it. Tests that share it flush it first (:func:`fresh_cluster`)."""
+    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.kill()
+
+
+@pytest.fixture
+def fresh_cluster(redis_cluster: RedisClusterProcesses) -> RedisClusterProcesses:
+    """The module's Redis Cluster, emptied (no history or presence of earlier tests)."""
+    redis_cluster.wait_ok()
+    redis_cluster.flush()
+    return redis_cluster

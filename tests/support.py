@@ -25,7 +25,16 @@ from chat_server.messages import (
     Send,
     ServerMessage,
 )
-from chatlab.harness import AUDIENCE, ISSUER, ROOT, KeyPair, RedisProcess, ServerProcess, free_port
+from chatlab.harness import (
+    AUDIENCE,
+    ISSUER,
+    ROOT,
+    KeyPair,
+    RedisClusterProcesses,
+    RedisProcess,
+    ServerProcess,
+    free_port,
+)
 
 __all__ = [
     "AUDIENCE",
@@ -34,6 +43,7 @@ __all__ = [
     "ROOT",
     "Client",
     "KeyPair",
+    "RedisClusterProcesses",
     "RedisProcess",
     "ServerProcess",
     "chromium_dom",

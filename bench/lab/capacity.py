@@ -58,8 +58,8 @@ def climb(
         server, _ = lab.start_target(config, workdir)
         assert server.proc is not None
         sampler.watch("server", server.proc.pid)
-        if lab.redis is not None and lab.redis.proc is not None:
-            sampler.watch("redis", lab.redis.proc.pid)
+        if lab.redis is not None:
+            sampler.watch("redis", lab.redis.pids())
         time.sleep(load.settle_s)
         lab._phase(config, repeat, f"climbing from {start_rate:,.0f} sent/s")
         run.steps.extend(

@@ -45,6 +45,7 @@ from chatlab.harness import (
     ROOT,
     AuthProcess,
     KeyPair,
+    RedisClusterProcesses,
     RedisProcess,
     ServerProcess,
     ServiceProcess,
@@ -308,9 +309,10 @@ class Lab:
     token_file: Path | None = None
     t0: float = field(default_factory=time.monotonic)
     interrupted: bool = False
-    redis: RedisProcess | None = None  # the current configuration's, with BROKER=redis
+    #: the current configuration's, with BROKER=redis (a cluster with REDIS_CLUSTER=on)
+    redis: RedisProcess | RedisClusterProcesses | None = None
     _children: list[subprocess.Popen[Any]] = field(default_factory=list)
-    _current: list[ServiceProcess] = field(default_factory=list)
+    _current: list[ServiceProcess | RedisClusterProcesses] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ---- the lab run's shared services ---------------------------------------------
@@ -458,8 +460,12 @@ class Lab:
         if env.get("BROKER") == "redis":
             # Redis' default AOF policy (everysec): an acked message survives a crash of
             # the server or of Redis, as SQLite's synchronous=normal survives the server's
-            self.redis = RedisProcess(workdir, appendonly=True, fsync="everysec").start()
-            self._pin(self.redis.proc, self._cores_of(env))
+            if env.get("REDIS_CLUSTER") == "on":
+                self.redis = RedisClusterProcesses(workdir, appendonly=True).start()
+            else:
+                self.redis = RedisProcess(workdir, appendonly=True, fsync="everysec").start()
+            for proc in self.redis.procs():
+                self._pin(proc, self._cores_of(env))
             self._current.append(self.redis)
             env["REDIS_URL"] = self.redis.url
         server = ServerProcess(workdir, self.keys, **env).start(timeout_s=30)
@@ -626,8 +632,8 @@ class Lab:
             server, metrics_port = self.start_target(config, workdir)
             assert server.proc is not None
             sampler.watch("server", server.proc.pid)
-            if self.redis is not None and self.redis.proc is not None:
-                sampler.watch("redis", self.redis.proc.pid)
+            if self.redis is not None:
+                sampler.watch("redis", self.redis.pids())
             if config.env.get("CPU_AFFINITY") == "off":
                 run.server_cores = []
             time.sleep(load.settle_s)

@@ -36,7 +36,7 @@ class Sampler:
         self.samples: dict[str, list[Sample]] = {}
         self.host: list[HostSample] = []
         self._lab = psutil.Process()
-        self._roles: dict[str, int] = {}
+        self._roles: dict[str, tuple[int, ...]] = {}
         self._procs: dict[int, psutil.Process] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -47,13 +47,14 @@ class Sampler:
         self._thread.start()
         return self
 
-    def watch(self, role: str, pid: int | None) -> None:
-        """Sample ``pid`` (and its children) as ``role`` from now on; None stops that role."""
+    def watch(self, role: str, pid: int | tuple[int, ...] | None) -> None:
+        """Sample ``pid`` (and its children; or several, summed: a Redis Cluster's nodes) as
+        ``role`` from now on; None stops that role."""
         with self._lock:
             if pid is None:
                 self._roles.pop(role, None)
             else:
-                self._roles[role] = pid
+                self._roles[role] = pid if isinstance(pid, tuple) else (pid,)
 
     def stop(self) -> dict[str, list[Sample]]:
         """Stop sampling; the samples per role."""
@@ -98,11 +99,11 @@ class Sampler:
             with self._lock:
                 roles = dict(self._roles)
             now = time.monotonic()
-            for role, pid in roles.items():
+            for role, pids in roles.items():
                 cpu = 0.0
                 rss = 0
                 primed = True
-                for proc in self._tree(pid):
+                for proc in (proc for pid in pids for proc in self._tree(pid)):
                     with suppress(psutil.Error):
                         first = getattr(proc, "_lab_primed", False) is False
                         value = proc.cpu_percent(None)

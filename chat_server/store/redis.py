@@ -1,15 +1,17 @@
 """Durable room history in Redis Streams, shared by every process on every machine.
 
 With ``BROKER=redis`` this store replaces SQLite, on one Redis (a primary, with
-replicas if wanted; not Redis Cluster: the presence scripts touch keys of several
-rooms). Give it ``maxmemory-policy noeviction``: evicting a stream loses history
-(a lost ``seq`` key alone is recovered from its stream's last ID). Each room's keys,
-channel and stored entries are laid out by :mod:`chat_server.redis_rooms`.
+replicas if wanted) or, with ``REDIS_CLUSTER=on``, a Redis Cluster: each commit script
+touches one room, so each room lives on the primary serving its slot, and a pipeline
+sends each primary its rooms' share. Give it ``maxmemory-policy noeviction``: evicting a
+stream loses history (a lost ``seq`` key alone is recovered from its stream's last ID).
+Each room's keys, channel and stored entries are laid out by
+:mod:`chat_server.redis_rooms`.
 
 **One atomic step.** A batch from the group commit becomes one pipeline holding
 one ``EVALSHA`` per room; the script (:data:`COMMIT_SCRIPT`) numbers the
 room's messages from its ``seq`` key, appends them to the stream, trims it,
-records the commit marker and ``PUBLISH``\\ es them to the room's channel as one
+records the commit marker and ``SPUBLISH``\\ es them to the room's channel as one
 payload ``M<first seq> [entry, ...]``. A script runs atomically, so every
 subscriber sees a room's messages in ``seq`` order with nothing between
 numbering and publishing, and a failed script numbers nothing (it checks that
@@ -46,11 +48,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from redis.asyncio import Redis
 from redis.exceptions import (
     BusyLoadingError,
     MasterDownError,
-    NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
@@ -65,10 +65,13 @@ from chat_server.redis_rooms import (
     CLOSE_WAIT_S,
     CONNECTION_ERRORS,
     Entry,
+    RedisClient,
+    Script,
     commit_key,
     encode_entry,
     raise_if_cancelled,
     room_channel,
+    run_scripts,
     send_ref_prefix,
     seq_key,
     stream_key,
@@ -92,13 +95,13 @@ TRANSIENT_ERRORS: Final = (
     TryAgainError,
 )
 
-COMMIT_SCRIPT: Final = """
+COMMIT_SCRIPT: Final = Script("""
 -- KEYS[1] the room's seq, KEYS[2] its stream, KEYS[3] this writer's commit marker,
--- KEYS[4] the prefix of the room's send-ref keys (idempotent sends)
+-- KEYS[4..] the send-ref key of each message that has a digest below, in order
 -- ARGV[1] the room's channel, ARGV[2] the batch number (rising with each batch of this
 -- writer), ARGV[3] HISTORY_MAX (0: all), ARGV[4] SEND_REF_WINDOW_S (0: off),
 -- ARGV[5..4+n] the messages as JSON arrays [user, body, ts, ref], ARGV[5+n..4+2n] each
--- message's send-ref ("<user> <ref>" and its body's digest, "" without a ref).
+-- message's body digest when it has a ref and the window is on, else "".
 -- Returns the answer "<first seq>[ <index>:<seq>...]": the new messages are numbered
 -- from the first seq in order; each listed index (0-based) repeats the send stored
 -- with that seq within the window and is not stored or published again.
@@ -126,12 +129,14 @@ local window = tonumber(ARGV[4])
 local answer = {string.format('%d', first)}
 local fresh = {}
 local fresh_refs = {}
+local ref_keys = 3
 for i = 1, n do
-  local send_ref = ARGV[4 + n + i]
+  local digest = ARGV[4 + n + i]
   local repeated = nil
-  if send_ref ~= '' and window > 0 then
-    local key, digest = string.match(send_ref, '^(.*) (%x+)$')
-    local stored = redis.call('GET', KEYS[4] .. key)
+  if digest ~= '' then
+    ref_keys = ref_keys + 1
+    local key = KEYS[ref_keys]
+    local stored = redis.call('GET', key)
     if stored then
       local stored_digest, stored_seq = string.match(stored, '^(%x+) (%d+)$')
       if stored_digest == digest then repeated = stored_seq end
@@ -150,7 +155,7 @@ for i = 1, #fresh do
   redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'm', fresh[i])
   local send_ref = fresh_refs[i]
   if send_ref then
-    redis.call('SET', KEYS[4] .. send_ref[1],
+    redis.call('SET', send_ref[1],
       send_ref[2] .. ' ' .. string.format('%d', first + i - 1), 'EX', window)
   end
 end
@@ -163,18 +168,15 @@ local keep = tonumber(ARGV[3])
 if keep > 0 and last > keep then
   redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', last - keep + 1))
 end
-redis.call('PUBLISH', ARGV[1],
+redis.call('SPUBLISH', ARGV[1],
   'M' .. string.format('%d', first) .. ' [' .. table.concat(fresh, ',') .. ']')
 return reply
-"""
+""")
 
 
-def _send_ref(message: Message) -> str:
-    """What the commit script keys a send with a ref by: ``"<user> <ref> <body digest>"``."""
-    if message.ref is None:
-        return ""
-    digest = hashlib.blake2b(message.body.encode(), digest_size=8).hexdigest()
-    return f"{message.user} {message.ref} {digest}"
+def _body_digest(message: Message) -> str:
+    """What the commit script tells a repeated send by: its body's digest."""
+    return hashlib.blake2b(message.body.encode(), digest_size=8).hexdigest()
 
 
 def _parse_answer(answer: bytes | str | int) -> tuple[int, dict[int, int]]:
@@ -204,7 +206,7 @@ class RedisHistoryStore(LedgerStore):
     def __init__(
         self,
         *,
-        client: Redis,
+        client: RedisClient,
         writer: str,
         on_batch: BatchCallback | None = None,
         queue_max: int = 10000,
@@ -229,8 +231,8 @@ class RedisHistoryStore(LedgerStore):
         self._batch_max = batch_max
         self._history_max = str(history_max)
         self._send_ref_window = str(round(send_ref_window_s))
+        self._refs_on = round(send_ref_window_s) > 0
         self._started = False
-        self._sha = ""
         self._queue: deque[_Item] = deque()
         self._wakeup = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -249,7 +251,7 @@ class RedisHistoryStore(LedgerStore):
             raise StoreError("history store already started (or closed)")
         self._started = True
         try:
-            self._sha = await self._client.script_load(COMMIT_SCRIPT)
+            await self._client.script_load(COMMIT_SCRIPT.source)
         except (RedisError, OSError) as exc:
             self._closed = True
             raise StoreUnavailable(f"cannot reach Redis: {exc}") from exc
@@ -354,49 +356,46 @@ class RedisHistoryStore(LedgerStore):
     async def _run_scripts(
         self, groups: list[tuple[str, list[_Item]]], token: str
     ) -> list[tuple[int, dict[int, int]] | StoreError]:
-        """One pipeline of commit scripts; loads the script again if Redis lost it."""
-        results: list[tuple[int, dict[int, int]] | StoreError | None] = [None] * len(groups)
-        todo = list(range(len(groups)))
-        for _ in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            for index in todo:
-                room, items = groups[index]
-                pipe.evalsha(
-                    self._sha,
-                    4,
-                    seq_key(room),
-                    stream_key(room),
-                    commit_key(room, self._writer_name),
-                    send_ref_prefix(room),
-                    room_channel(room),
-                    token,
-                    self._history_max,
-                    self._send_ref_window,
-                    *[encode_entry(_entry(message)) for message, _ in items],
-                    *[_send_ref(message) for message, _ in items],
-                )
-            replies = await pipe.execute(raise_on_error=False)
-            missing = []
-            for index, reply in zip(todo, replies, strict=True):
-                if isinstance(reply, NoScriptError):
-                    missing.append(index)
-                elif isinstance(reply, TRANSIENT_ERRORS) or str(reply).startswith("BUSY"):
-                    # Redis refused before running it (loading, read-only, out of memory)
-                    log.warning("history store: Redis refused a commit: %s", reply)
-                    results[index] = StoreUnavailable(f"history store unavailable: {reply}")
-                elif isinstance(reply, Exception):
-                    log.error("history store: commit to %s failed: %s", groups[index][0], reply)
-                    results[index] = StoreError(f"history store failed: {reply}")
-                else:
-                    results[index] = _parse_answer(reply)
-            if not missing:
-                break
-            # Redis restarted without the script: nothing of these ran; load it and retry
-            self._sha = await self._client.script_load(COMMIT_SCRIPT)
-            todo = missing
-        return [
-            StoreError("history store failed: script missing") if r is None else r for r in results
+        """One pipeline of commit scripts (each node of a cluster gets its rooms' share)."""
+        calls = [self._commit_call(room, items, token) for room, items in groups]
+        results: list[tuple[int, dict[int, int]] | StoreError] = []
+        for (room, _), reply in zip(groups, await run_scripts(self._client, calls), strict=True):
+            if isinstance(reply, TRANSIENT_ERRORS) or str(reply).startswith("BUSY"):
+                # Redis refused before running it (loading, read-only, out of memory, a slot
+                # migrating)
+                log.warning("history store: Redis refused a commit: %s", reply)
+                results.append(StoreUnavailable(f"history store unavailable: {reply}"))
+            elif isinstance(reply, CONNECTION_ERRORS):
+                raise reply
+            elif isinstance(reply, Exception):
+                log.error("history store: commit to %s failed: %s", room, reply)
+                results.append(StoreError(f"history store failed: {reply}"))
+            else:
+                results.append(_parse_answer(reply))
+        return results
+
+    def _commit_call(
+        self, room: str, items: list[_Item], token: str
+    ) -> tuple[Script, list[str], list[str]]:
+        """The commit script's call for ``room``'s share of a batch."""
+        ref_keys = []
+        digests = []
+        for message, _ in items:
+            if self._refs_on and message.ref is not None:
+                ref_keys.append(f"{send_ref_prefix(room)}{message.user} {message.ref}")
+                digests.append(_body_digest(message))
+            else:
+                digests.append("")
+        keys = [seq_key(room), stream_key(room), commit_key(room, self._writer_name), *ref_keys]
+        args = [
+            room_channel(room),
+            token,
+            self._history_max,
+            self._send_ref_window,
+            *[encode_entry(_entry(message)) for message, _ in items],
+            *digests,
         ]
+        return COMMIT_SCRIPT, keys, args
 
     async def _retry_in_doubt(self, groups: list[tuple[str, list[_Item]]], token: str) -> list[Any]:
         """Send a batch whose reply was lost again (the script runs it at most once)."""

@@ -4,7 +4,9 @@ on both transports.
 picows has no permessage-deflate (``TRANSPORT=picows`` with ``WS_DEFLATE=on`` is refused
 at start, see test_settings), so it runs the combinations with deflate off. One more
 combination per transport runs the same flows with ``BROKER=redis`` (one process, on a
-private redis-server): history in Redis Streams, delivery through pub/sub.
+private redis-server): history in Redis Streams, delivery through sharded pub/sub; and
+once more on a private Redis Cluster (``REDIS_CLUSTER=on``, three primaries with a
+replica each).
 """
 
 from __future__ import annotations
@@ -16,31 +18,48 @@ import pytest
 
 from chat_server.messages import Ack, History, Joined, Message, Presence, Send, Welcome
 from chat_server.settings import TRANSPORTS
-from tests.support import Client, KeyPair, RedisProcess, ServerProcess
+from tests.support import Client, KeyPair, RedisClusterProcesses, RedisProcess, ServerProcess
 
-MATRIX = [
-    pytest.param(
-        {"serializer": s, "event_loop": loop, "ws_deflate": deflate, "transport": transport},
-        id=f"{s}-{loop}-deflate_{deflate}" + ("" if transport == "websockets" else f"-{transport}"),
-    )
-    for transport, s, loop, deflate in itertools.product(
-        TRANSPORTS, ("json", "orjson", "protobuf"), ("asyncio", "uvloop"), ("on", "off")
-    )
-    if transport == "websockets" or deflate == "off"
-] + [
-    pytest.param(
-        {
-            "serializer": "orjson",
-            "event_loop": "uvloop",
-            "ws_deflate": "off",
-            "broker": "redis",
-            "transport": transport,
-        },
-        id="orjson-uvloop-deflate_off-redis"
-        + ("" if transport == "websockets" else f"-{transport}"),
-    )
-    for transport in TRANSPORTS
-]
+MATRIX = (
+    [
+        pytest.param(
+            {"serializer": s, "event_loop": loop, "ws_deflate": deflate, "transport": transport},
+            id=f"{s}-{loop}-deflate_{deflate}"
+            + ("" if transport == "websockets" else f"-{transport}"),
+        )
+        for transport, s, loop, deflate in itertools.product(
+            TRANSPORTS, ("json", "orjson", "protobuf"), ("asyncio", "uvloop"), ("on", "off")
+        )
+        if transport == "websockets" or deflate == "off"
+    ]
+    + [
+        pytest.param(
+            {
+                "serializer": "orjson",
+                "event_loop": "uvloop",
+                "ws_deflate": "off",
+                "broker": "redis",
+                "transport": transport,
+            },
+            id="orjson-uvloop-deflate_off-redis"
+            + ("" if transport == "websockets" else f"-{transport}"),
+        )
+        for transport in TRANSPORTS
+    ]
+    + [
+        pytest.param(
+            {
+                "serializer": "orjson",
+                "event_loop": "uvloop",
+                "ws_deflate": "off",
+                "broker": "redis",
+                "redis_cluster": "on",
+                "transport": "websockets",
+            },
+            id="orjson-uvloop-deflate_off-redis_cluster",
+        )
+    ]
+)
 
 
 @pytest.fixture(scope="module", params=MATRIX)
@@ -50,8 +69,11 @@ def matrix_server(
     """One server per toggle combination (and its Redis, if any), shared by this module's tests."""
     workdir = tmp_path_factory.mktemp("flows")
     settings = dict(request.param)
-    redis = None
-    if settings.get("broker") == "redis":
+    redis: RedisProcess | RedisClusterProcesses | None = None
+    if settings.get("redis_cluster") == "on":
+        redis = RedisClusterProcesses(workdir).start()
+        settings["redis_url"] = redis.url
+    elif settings.get("broker") == "redis":
         redis = RedisProcess(workdir).start()
         settings["redis_url"] = redis.url
     server = ServerProcess(workdir, keys, **settings)

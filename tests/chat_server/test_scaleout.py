@@ -1,6 +1,8 @@
 """Several workers on Redis: shared rooms, a killed worker, a restarted Redis, start-up refusals.
 
-Real processes throughout: a private redis-server per test, the chat server as
+Real processes throughout: a private redis-server per test (and the tests of shared rooms
+once more on a Redis Cluster of three primaries with a replica each, one per module), the
+chat server as
 ``python -m chat_server`` with ``WORKERS=2`` (a supervisor and two workers on one
 port), real websocket clients that learn their worker from the handshake's
 ``X-Chatlab-Worker`` header.
@@ -34,6 +36,7 @@ from tests.support import (
     ROOT,
     Client,
     KeyPair,
+    RedisClusterProcesses,
     RedisProcess,
     ServerProcess,
     free_port,
@@ -44,10 +47,23 @@ WORKER_HEADER = "X-Chatlab-Worker"
 NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}
 
 
+@pytest.fixture(params=["one_redis", "cluster"])
+def shared_redis(request: pytest.FixtureRequest) -> RedisProcess | RedisClusterProcesses:
+    """What the workers share: a private redis-server, or the module's Redis Cluster
+    (emptied first)."""
+    if request.param == "cluster":
+        return request.getfixturevalue("fresh_cluster")  # type: ignore[no-any-return]
+    return request.getfixturevalue("redis_server")  # type: ignore[no-any-return]
+
+
 def start_workers(
-    start_server: Callable[..., ServerProcess], redis: RedisProcess, **settings: Any
+    start_server: Callable[..., ServerProcess],
+    redis: RedisProcess | RedisClusterProcesses,
+    **settings: Any,
 ) -> ServerProcess:
-    """WORKERS=2 on BROKER=redis, without rate limits."""
+    """WORKERS=2 on BROKER=redis (REDIS_CLUSTER=on on a cluster), without rate limits."""
+    if isinstance(redis, RedisClusterProcesses):
+        settings["redis_cluster"] = "on"
     return start_server(
         workers=2, broker="redis", redis_url=redis.url, event_loop="uvloop", **NO_LIMITS, **settings
     )
@@ -122,9 +138,11 @@ def assert_each_ack_follows_its_message(inbox: Inbox) -> None:
 
 @pytest.mark.transports  # the listening socket handed down, on each transport
 async def test_two_workers_share_a_room_in_seq_order_with_presence(
-    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+    start_server: Callable[..., ServerProcess],
+    shared_redis: RedisProcess | RedisClusterProcesses,
+    keys: KeyPair,
 ):
-    server = start_workers(start_server, redis_server)
+    server = start_workers(start_server, shared_redis)
     alice, alice_worker = await connect_to(server, keys, "alice")
     bob, bob_worker = await connect_to(server, keys, "bob", not_on=alice_worker)
     room = "shared"
@@ -172,12 +190,14 @@ async def test_two_workers_share_a_room_in_seq_order_with_presence(
 
 
 async def test_presence_is_the_view_of_every_worker_without_flicker(
-    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+    start_server: Callable[..., ServerProcess],
+    shared_redis: RedisProcess | RedisClusterProcesses,
+    keys: KeyPair,
 ):
     # a user on both workers is present until its last connection leaves; a user who joins
     # and leaves faster than the echo of its own presence write comes back from Redis is
     # announced once each way (the echo was seen as a new arrival: join, leave, join, leave)
-    server = start_workers(start_server, redis_server)
+    server = start_workers(start_server, shared_redis)
     alice, here = await connect_to(server, keys, "alice")
     bob_here, _ = await connect_to(server, keys, "bob", on=here)
     bob_there, _ = await connect_to(server, keys, "bob", not_on=here)
@@ -213,9 +233,11 @@ async def test_presence_is_the_view_of_every_worker_without_flicker(
 
 
 async def test_sigkill_of_a_worker_loses_nothing_acked_and_its_users_leave(
-    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+    start_server: Callable[..., ServerProcess],
+    shared_redis: RedisProcess | RedisClusterProcesses,
+    keys: KeyPair,
 ):
-    server = start_workers(start_server, redis_server, presence_lease_s=2)
+    server = start_workers(start_server, shared_redis, presence_lease_s=2)
     observer, observer_worker = await connect_to(server, keys, "observer")
     carol, victim = await connect_to(server, keys, "carol", not_on=observer_worker)
     ghost, _ = await connect_to(server, keys, "ghost", on=victim)
@@ -401,10 +423,12 @@ async def test_workers_are_pinned_one_core_each_and_stop_when_the_supervisor_die
 
 
 async def test_subscribers_dropped_by_redis_resubscribe_and_fill_what_they_missed(
-    start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
+    start_server: Callable[..., ServerProcess],
+    shared_redis: RedisProcess | RedisClusterProcesses,
+    keys: KeyPair,
 ):
     """Redis closing the pub/sub connections (as past client-output-buffer-limit) loses nothing."""
-    server = start_workers(start_server, redis_server)
+    server = start_workers(start_server, shared_redis)
     alice, alice_worker = await connect_to(server, keys, "alice")
     bob, _ = await connect_to(server, keys, "bob", not_on=alice_worker)
     room = "dropped"
@@ -415,8 +439,12 @@ async def test_subscribers_dropped_by_redis_resubscribe_and_fill_what_they_misse
         await alice.say(room, f"m{i}")
     await bob_inbox.wait_for(lambda: len(bob_inbox.of(Message)) == 5)
 
-    admin = redis.Redis.from_url(redis_server.url)
-    assert admin.client_kill_filter(_type="pubsub") == 2  # one pub/sub connection per worker
+    nodes = (
+        shared_redis.nodes if isinstance(shared_redis, RedisClusterProcesses) else [shared_redis]
+    )
+    admins = [redis.Redis.from_url(node.url) for node in nodes]
+    # one pub/sub connection per worker, on the node serving the room
+    assert sum(admin.client_kill_filter(_type="pubsub") for admin in admins) == 2
     for i in range(5, 40):
         await alice.say(room, f"m{i}")  # some are published while nobody listens
     for inbox in (alice_inbox, bob_inbox):
@@ -424,8 +452,10 @@ async def test_subscribers_dropped_by_redis_resubscribe_and_fill_what_they_misse
         assert [m.seq for m in inbox.of(Message)] == list(range(1, 41))
     await alice_inbox.wait_for(lambda: len(alice_inbox.of(Ack)) == 40)
     assert server.log().count("pub/sub connection lost") == 2
-    assert admin.pubsub_numsub("chat:{dropped}") == [(b"chat:{dropped}", 2)]
-    admin.close()
+    subscribed = [admin.pubsub_shardnumsub("chat:{dropped}")[0][1] for admin in admins]
+    assert sorted(subscribed)[-1] == 2 and sum(subscribed) == 2
+    for admin in admins:
+        admin.close()
     assert server.stop() == 0, server.log()
 
 

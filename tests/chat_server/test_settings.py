@@ -207,6 +207,24 @@ def test_deflate_max_window_needs_deflate():
     assert bad.value.name == "REGRESSION"
 
 
+def test_a_cluster_takes_seed_nodes_and_one_redis_takes_one_url():
+    seeds = "redis://10.0.0.1:7000, redis://:secret@10.0.0.2:7000"
+    settings = Settings.from_mapping({"BROKER": "redis", "REDIS_CLUSTER": "on", "REDIS_URL": seeds})
+    assert settings.redis_url == "redis://10.0.0.1:7000,redis://:secret@10.0.0.2:7000"
+    assert "store=redis-cluster:10.0.0.1:7000" in settings.summary()
+    refusals = [
+        ({"BROKER": "redis", "REDIS_URL": seeds}, "REDIS_URL"),  # several URLs, no cluster
+        ({"BROKER": "memory", "REDIS_CLUSTER": "on"}, "REDIS_CLUSTER"),
+        ({"BROKER": "redis", "REDIS_CLUSTER": "on", "REDIS_URL": "redis://h:1/2"}, "REDIS_URL"),
+        ({"BROKER": "redis", "REDIS_CLUSTER": "on", "REDIS_URL": "unix:///r.sock"}, "REDIS_URL"),
+    ]
+    for mapping, name in refusals:
+        with pytest.raises(SettingError) as bad:
+            Settings.from_mapping(mapping)
+        assert bad.value.name == name, mapping
+        assert "secret" not in str(bad.value)
+
+
 def test_unusable_database_exits_2_naming_chat_db(tmp_path: Path, keys: KeyPair):
     env = {"JWT_PUBLIC_KEY": str(keys.public_path), "CHAT_DB": str(tmp_path)}  # a directory
     result = _run(env, tmp_path)

@@ -96,8 +96,8 @@ async def test_a_batch_runs_at_most_once_whatever_reaches_redis_again(
 ):
     store, _ = await open_store()
     client = connect_redis(redis_server.url)
-    script = client.register_script(COMMIT_SCRIPT)
-    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9", "chat:{r}:ref:"]
+    script = client.register_script(COMMIT_SCRIPT.source)
+    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9"]
 
     async def run(batch: int, *bodies: str) -> Any:
         entries = [f'["u","{body}",1,null]' for body in bodies]

@@ -1,0 +1,176 @@
+"""A room's shared presence in Redis: who is in it on which process, and whose lease ran out.
+
+Everything lives in the room's own keys (the ``{room}`` hash tag: one slot, so one node
+of a cluster), and each script touches one room and declares every key it touches:
+
+``chat:{room}:users``
+    hash: for each user, how many processes hold it in the room;
+``chat:{room}:pv``
+    the room's presence version, bumped with each change;
+``chat:{room}:held``
+    hash: field ``<process> <user>`` for each user a process holds here, and field
+    ``<process>`` counting them (process IDs hold no space);
+``chat:{room}:leases``
+    sorted set: each process holding users here, scored by when its lease ends (ms,
+    in the clock of the node serving the room).
+
+Each change is published on the room's channel as ``P<version> +user <count>
+<process>`` (or ``-user ...``): the count after it and the process whose holding
+changed. A process renews its lease in every room it holds users in every third of
+``PRESENCE_LEASE_S`` (:data:`RENEW`); that script, and every snapshot (:data:`SNAPSHOT`),
+first releases the processes whose lease in that room ran out, with leave events. So a
+killed process' members vanish within about ``PRESENCE_LEASE_S`` from every room some
+live process holds, and a room nobody live holds is swept by the snapshot of the next
+process that joins it. A live process renews long before its lease ends, so its users
+never flap.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from chat_server.redis_rooms import Script, room_channel, seq_key
+
+
+def presence_keys(room: str) -> list[str]:
+    """``KEYS`` of the presence scripts: users, version, held, leases."""
+    return [
+        f"chat:{{{room}}}:users",
+        f"chat:{{{room}}}:pv",
+        f"chat:{{{room}}}:held",
+        f"chat:{{{room}}}:leases",
+    ]
+
+
+_LIB: Final = """
+local USERS, VERSION, HELD, LEASES = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local CHANNEL = ARGV[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function announce(user, sign, count, worker)
+  local v = redis.call('INCR', VERSION)
+  redis.call('SPUBLISH', CHANNEL, 'P' .. string.format('%d', v) .. ' ' .. sign .. user .. ' '
+    .. string.format('%d', count) .. ' ' .. worker)
+end
+local function arrive(worker, user)
+  if redis.call('HSETNX', HELD, worker .. ' ' .. user, '1') == 1 then
+    redis.call('HINCRBY', HELD, worker, 1)
+    announce(user, '+', redis.call('HINCRBY', USERS, user, 1), worker)
+  end
+end
+local function depart(worker, user)
+  if redis.call('HDEL', HELD, worker .. ' ' .. user) == 1 then
+    if redis.call('HINCRBY', HELD, worker, -1) <= 0 then redis.call('HDEL', HELD, worker) end
+    local count = redis.call('HINCRBY', USERS, user, -1)
+    if count <= 0 then
+      redis.call('HDEL', USERS, user)
+      count = 0
+    end
+    announce(user, '-', count, worker)
+  end
+end
+local function holding(worker)
+  local prefix = worker .. ' '
+  local users = {}
+  for _, field in ipairs(redis.call('HKEYS', HELD)) do
+    if string.sub(field, 1, #prefix) == prefix then
+      users[#users + 1] = string.sub(field, #prefix + 1)
+    end
+  end
+  return users
+end
+local function release(worker)
+  for _, user in ipairs(holding(worker)) do depart(worker, user) end
+  redis.call('HDEL', HELD, worker)
+  redis.call('ZREM', LEASES, worker)
+end
+local function sweep(now)
+  local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now)
+  for _, dead in ipairs(expired) do release(dead) end
+  return #expired
+end
+local function held_count(worker)
+  return tonumber(redis.call('HGET', HELD, worker) or '0')
+end
+local function keep(worker, now, lease)
+  if held_count(worker) > 0 then
+    redis.call('ZADD', LEASES, now + lease, worker)
+  else
+    redis.call('ZREM', LEASES, worker)
+  end
+end
+"""
+
+#: ARGV: channel, process, lease ms, mode (``exact``: these are all its users here;
+#: ``+`` arrived; ``-`` departed), users. Returns how many users the process holds here.
+PRESENCE: Final = Script(
+    _LIB
+    + """
+local worker, lease, mode = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if mode == 'exact' then
+  local wanted = {}
+  for i = 5, #ARGV do wanted[ARGV[i]] = true end
+  for _, user in ipairs(holding(worker)) do
+    if not wanted[user] then depart(worker, user) end
+  end
+  for i = 5, #ARGV do arrive(worker, ARGV[i]) end
+elseif mode == '+' then
+  for i = 5, #ARGV do arrive(worker, ARGV[i]) end
+else
+  for i = 5, #ARGV do depart(worker, ARGV[i]) end
+end
+keep(worker, now_ms(), lease)
+return held_count(worker)
+"""
+)
+
+#: ARGV: channel, process, lease ms (0: give the room up, releasing its users now).
+#: Releases the processes whose lease here ran out; returns {processes released, 1 if
+#: this process had no live lease here (it must write its users here again)}.
+RENEW: Final = Script(
+    _LIB
+    + """
+local worker, lease = ARGV[2], tonumber(ARGV[3])
+if lease == 0 then
+  release(worker)
+  return {0, 0}
+end
+local now = now_ms()
+local mine = redis.call('ZSCORE', LEASES, worker)
+local missing = 0
+if not mine or tonumber(mine) <= now then missing = 1 end
+local released = sweep(now)
+keep(worker, now, lease)
+return {released, missing}
+"""
+)
+
+#: KEYS[5] the room's seq; ARGV: channel, process. Releases expired processes, then
+#: returns {seq, presence version, users (flat: user, count, ...), users this process holds}.
+SNAPSHOT: Final = Script(
+    _LIB
+    + """
+sweep(now_ms())
+return {redis.call('GET', KEYS[5]) or '0', redis.call('GET', VERSION) or '0',
+  redis.call('HGETALL', USERS), holding(ARGV[2])}
+"""
+)
+
+
+def presence_call(
+    room: str, worker: str, lease_ms: int, mode: str, users: list[str] | tuple[str, ...]
+) -> tuple[Script, list[str], list[str]]:
+    """The :data:`PRESENCE` call writing ``users`` of ``worker`` in ``room``."""
+    return PRESENCE, presence_keys(room), [room_channel(room), worker, str(lease_ms), mode, *users]
+
+
+def renew_call(room: str, worker: str, lease_ms: int) -> tuple[Script, list[str], list[str]]:
+    """The :data:`RENEW` call for ``worker``'s lease in ``room`` (0: release it)."""
+    return RENEW, presence_keys(room), [room_channel(room), worker, str(lease_ms)]
+
+
+def snapshot_call(room: str, worker: str) -> tuple[Script, list[str], list[str]]:
+    """The :data:`SNAPSHOT` call of ``room`` for ``worker``."""
+    return SNAPSHOT, [*presence_keys(room), seq_key(room)], [room_channel(room), worker]
