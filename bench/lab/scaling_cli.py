@@ -21,6 +21,7 @@ import logging
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -41,13 +42,16 @@ LOGINS_DURATION_S = 3.0
 MEMORY_CONNECTIONS = 2000
 
 
-def logins_per_cpu_s(duration_s: float) -> tuple[float, str]:
+def logins_per_cpu_s(
+    duration_s: float, environ: Mapping[str, str] | None = None
+) -> tuple[float, str]:
     """argon2 verifications per CPU-second of this process (every thread: argon2's lanes
-    may run in several) at the auth service's configured cost; and that cost as text."""
+    may run in several) at the auth service's configured cost (its ``.env`` and
+    ``environ``, the environment by default); and that cost as text."""
     from auth_service.passwords import Argon2Params
     from auth_service.settings import Settings
 
-    params = Argon2Params.from_settings(Settings.load())
+    params = Argon2Params.from_settings(Settings.load(environ))
     hasher = params.hasher()
     password = "correct horse battery"
     hashed = hasher.hash(password)
@@ -241,6 +245,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     scaling = sub.add_parser(
         "scaling",
         help="measure the scaling function's parts (the scaling matrix, argon2, memory)",
+        description="Run the scaling matrix (one process on memory and on one Redis, rooms "
+        "spread over 2 and 4 processes, a Redis Cluster when this checkout has one), then "
+        "argon2 logins per CPU-second and memory per idle connection once per repeat; the "
+        "report gives the scaling function, each term's source and the WORKERS=2 check. "
+        "A load measurement: it owns the machine.",
     )
     scaling.add_argument(
         "--matrix", default=SCALING_MATRIX, help=f"built-in or a path [{SCALING_MATRIX}]"

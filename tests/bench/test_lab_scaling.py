@@ -27,6 +27,7 @@ from bench.lab.scaling import (
     redis_us_per_message,
     tier_us_per_frame,
 )
+from bench.lab.scaling_cli import logins_per_cpu_s
 from chatlab.setting_names import CHAT_SERVER
 
 Build = Callable[..., Results]
@@ -243,3 +244,10 @@ def test_a_matrix_with_nothing_runnable_is_refused(tmp_path: Path) -> None:
     path.write_text('[[config]]\nname = "odd"\nenv = { NOT_A_SETTING = "on" }\n')
     with pytest.raises(MatrixError, match="no configuration can run here"):
         runnable(load_matrix(str(path)))
+
+
+def test_logins_per_cpu_second_use_the_auth_services_configured_cost() -> None:
+    cheap = {"ARGON2_TIME_COST": "1", "ARGON2_MEMORY_COST_KIB": "1024", "ARGON2_PARALLELISM": "1"}
+    rate, cost = logins_per_cpu_s(0.05, cheap)
+    assert cost == "argon2id t=1 m=1024 KiB p=1"
+    assert rate > 0
