@@ -10,6 +10,10 @@ Commands:
                           with permessage-deflate
   list                    the built-in matrices
   report RESULTS_JSON     render a report again from a saved results.json
+  scaling                 measure the scaling function's parts (the scaling matrix, argon2
+                          logins per CPU-second, memory per connection) and check it
+  plan --users N ...      chat processes, Redis primaries and auth replicas for a target,
+                          each n+1, on a scaling run's figures (plan --help: every input)
 
 A load measurement owns the machine: the server runs on the first usable core, the
 drivers on the others; close other heavy programs first. Exit status: 0 when the run
@@ -35,7 +39,7 @@ from bench.lab.machine import (
     QUIET_WAIT_S,
     STEAL_LIMIT_MS_PER_S,
 )
-from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
+from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix, runnable
 from bench.lab.results import HEADLINE_SLO_MS, Results, Step
 from chatlab.harness import ROOT
 from chatlab.settings import http_urls
@@ -117,7 +121,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench.lab.progress import Progress
     from bench.lab.runner import run_matrix
 
-    matrix = load_matrix(args.matrix)
+    matrix, skipped = runnable(load_matrix(args.matrix))
+    for name, reason in skipped.items():
+        print(f"lab: skipping {name!r}: {reason}", file=sys.stderr)
     repeat = args.repeat or matrix.repeat
     out_dir = _out_dir(args.out, matrix.name)
     if args.wait_quiet_s > 0:
@@ -147,6 +153,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     finally:
         progress.close()
+    if skipped:
+        results.parts["skipped"] = skipped
+        results.save(out_dir / "results.json")
     return _finish(results, out_dir)
 
 
@@ -500,7 +509,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     rep.add_argument("--out", default="", help="report directory [the results' own]")
     rep.set_defaults(func=cmd_report)
 
+    from bench.lab.scaling_cli import add_commands, check_args
+
+    add_commands(sub)
+
     args = parser.parse_args(argv)
+    check_args(args)
     if args.command == "capacity":
         if not args.env:
             args.env = ["SERIALIZER=orjson", "EVENT_LOOP=uvloop", "WS_DEFLATE=off"]

@@ -255,3 +255,31 @@ def load_matrix(name_or_path: str) -> Matrix:
         repeat=int(data.get("repeat", 1)),
         path=path,
     )
+
+
+def unknown_settings(config: Config) -> list[str]:
+    """The settings ``config`` gives that this checkout's chat server does not have (a
+    feature not built here yet, such as ``REDIS_CLUSTER``); relays take none of them."""
+    if config.target != "chat":
+        return []
+    from chatlab.setting_names import CHAT_SERVER
+
+    return sorted(name for name in config.env if name not in CHAT_SERVER)
+
+
+def runnable(matrix: Matrix) -> tuple[Matrix, dict[str, str]]:
+    """``matrix`` without the configurations this checkout cannot run, and each one left
+    out with the reason (a chat server that ignored the setting would mislabel its run)."""
+    skipped = {
+        c.name: f"this checkout's chat server has no setting {', '.join(names)}"
+        for c in matrix.configs
+        if (names := unknown_settings(c))
+    }
+    kept = tuple(c for c in matrix.configs if c.name not in skipped)
+    if not skipped:
+        return matrix, {}
+    if not kept:
+        raise MatrixError(f"{matrix.name}: no configuration can run here: {skipped}")
+    baseline = matrix.baseline if matrix.baseline not in skipped else kept[0].name
+    pair = matrix.aa_pair if matrix.aa_pair and not set(matrix.aa_pair) & set(skipped) else None
+    return replace(matrix, configs=kept, baseline=baseline, aa_pair=pair), skipped

@@ -258,6 +258,9 @@ class Results:
     # driver name -> its ceiling step against a trivial relay (frames/s it can receive)
     ceilings: dict[str, Step] = field(default_factory=dict)
     capacity: dict[str, Any] = field(default_factory=dict)  # `lab capacity` output
+    # what `lab scaling` measured beside the drivers' steps, per repeat (argon2 logins per
+    # CPU-second, bytes per idle connection), and the configurations it skipped, with why
+    parts: dict[str, Any] = field(default_factory=dict)
     interrupted: bool = False
     duration_s: float = 0.0
 

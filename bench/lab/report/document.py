@@ -19,6 +19,7 @@ from bench.lab.report.sections import (
     slo_blocks,
 )
 from bench.lab.report.sections_ladder import findings_blocks, ladder_blocks, tail_blocks
+from bench.lab.report.sections_scaling import scaling_blocks
 from bench.lab.report.sections_server import capacity_blocks, metrics_blocks, profile_blocks
 from bench.lab.results import Results
 
@@ -42,6 +43,7 @@ def report_blocks(
         *limit_blocks(analysis),
         *ceiling_blocks(results),
         *capacity_blocks(results),
+        *scaling_blocks(results),
         *metrics_blocks(results),
         *figure_blocks([p for p in plots if p.name != "ladder"], out_dir),
         *profile_blocks(results, out_dir, profiles_dir or out_dir, analysis.ladder),

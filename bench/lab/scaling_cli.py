@@ -1,0 +1,370 @@
+"""``python -m bench.lab scaling`` and ``python -m bench.lab plan``: measure the scaling
+function's parts, and plan a deployment on them.
+
+``scaling`` runs the ``scaling`` matrix (:mod:`bench.lab.parts` says what each
+configuration gives), then, once per repeat, argon2 logins per CPU-second at the auth
+service's configured cost and the chat server's memory per idle connection
+(:mod:`bench.memory`); it saves them in ``results.json`` and writes the report, whose
+scaling section holds the function, its terms' sources and the ``WORKERS=2`` check.
+
+``plan`` reads a saved run (``--from``, else the newest ``reports/*-scaling`` run) and
+prints the plan (:mod:`bench.lab.plan`), also written as ``plan.md`` beside that run's
+report. Exit status: 0 planned, 1 a tier's figures were not measured, 2 a bad input or
+no measured figures at all (it says which command makes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+
+from bench.lab.matrix import MatrixError, available, load_matrix, runnable
+from bench.lab.plan import DEFAULT_PROCESS_MEMORY_GIB, DEFAULT_SHARE, Target, plan, plan_markdown
+from bench.lab.results import Results, parse_slo
+from chatlab.harness import ROOT
+
+log = logging.getLogger("bench.lab")
+
+REPORTS_DIR = ROOT / "reports"
+SCALING_MATRIX = "scaling"
+#: the command that measures the parts, as the plan names it when it has none
+MEASURE_COMMAND = "python -m bench.lab scaling"
+#: seconds of argon2 verifications per repeat
+LOGINS_DURATION_S = 3.0
+#: idle connections per memory measurement: the lab's shape
+MEMORY_CONNECTIONS = 2000
+
+
+def logins_per_cpu_s(
+    duration_s: float, environ: Mapping[str, str] | None = None
+) -> tuple[float, str]:
+    """argon2 verifications per CPU-second of this process (every thread: argon2's lanes
+    may run in several) at the auth service's configured cost (its ``.env`` and
+    ``environ``, the environment by default); and that cost as text."""
+    from auth_service.passwords import Argon2Params
+    from auth_service.settings import Settings
+
+    params = Argon2Params.from_settings(Settings.load(environ))
+    hasher = params.hasher()
+    password = "correct horse battery"
+    hashed = hasher.hash(password)
+    count = 0
+    cpu_start, wall_end = time.process_time(), time.monotonic() + duration_s
+    while time.monotonic() < wall_end or count == 0:
+        hasher.verify(hashed, password)
+        count += 1
+    cpu = time.process_time() - cpu_start
+    cost = f"argon2id t={params.time_cost} m={params.memory_cost_kib} KiB p={params.parallelism}"
+    return count / cpu, cost
+
+
+def bytes_per_connection(connections: int) -> float:
+    """A chat server's RSS per idle connection over ``connections`` (bench.memory, deflate off)."""
+    from bench.memory import measure
+
+    with tempfile.TemporaryDirectory(prefix="chatlab-scaling-mem-") as tmp:
+        found = asyncio.run(measure(False, connections, "orjson", Path(tmp)))
+    return float(found["bytes_per_connection"])
+
+
+def cmd_scaling(args: argparse.Namespace) -> int:
+    """Run the scaling matrix and the side measurements; write the report."""
+    from bench.lab.progress import Progress
+    from bench.lab.runner import run_matrix
+
+    matrix, skipped = runnable(load_matrix(args.matrix))
+    for name, reason in skipped.items():
+        print(f"lab: skipping {name!r}: {reason}", file=sys.stderr)
+    repeat = args.repeat or matrix.repeat
+    out_dir = (
+        Path(args.out)
+        if args.out
+        else (REPORTS_DIR / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{matrix.name}")
+    )
+    if args.wait_quiet_s > 0:
+        from bench.lab.machine import wait_for_quiet
+
+        before = wait_for_quiet(
+            args.wait_quiet_s, lambda text: print(f"lab: {text}", file=sys.stderr, flush=True)
+        )
+        if before.busy:
+            log.warning("starting on a busy machine: %s", before.sentence())
+    side_s = repeat * (LOGINS_DURATION_S + 15)
+    progress = Progress(
+        matrix.estimate_s(repeat) + side_s, f"lab {matrix.name} x{repeat}", enabled=not args.quiet
+    )
+    try:
+        results = run_matrix(matrix, repeat, out_dir, progress, auth_urls=args.auth_url)
+        results.parts["skipped"] = skipped
+        if not results.interrupted:
+            for k in range(repeat):
+                progress.phase(f"argon2 logins per CPU-second #{k + 1}")
+                rate, cost = logins_per_cpu_s(LOGINS_DURATION_S)
+                results.parts.setdefault("logins_per_cpu_s", []).append(round(rate, 3))
+                results.parts["argon2"] = cost
+                progress.phase(f"memory per idle connection #{k + 1}")
+                per = bytes_per_connection(MEMORY_CONNECTIONS)
+                results.parts.setdefault("bytes_per_connection", []).append(round(per))
+                results.parts["memory_connections"] = MEMORY_CONNECTIONS
+    except KeyboardInterrupt:
+        results.interrupted = True
+    finally:
+        progress.close()
+    results.save(out_dir / "results.json")
+    from bench.lab.report import summary_table, write_report
+
+    md, html = write_report(results, out_dir)
+    print()
+    print(summary_table(results))
+    print()
+    print(scaling_summary(results))
+    print(f"\nreport: {md}\n        {html}\nresults: {out_dir / 'results.json'}")
+    print(f"plan on it: python -m bench.lab plan --from {out_dir / 'results.json'} --help")
+    if results.interrupted:
+        return 130
+    return 1 if any(r.status == "failed" for r in results.runs) else 0
+
+
+def scaling_summary(results: Results) -> str:
+    """The parts and the check, for the terminal."""
+    from bench.lab.parts import check_of, parts_of
+
+    parts = parts_of(results)
+    lines = ["the scaling function's parts:"]
+    names = ("u1", "beta", "knee", "redis_commit_us", "redis_delivery_us")
+    for name in (*names, "logins_per_cpu_s", "bytes_per_connection"):
+        figure = getattr(parts, name)
+        lines.append(f"  {name}: {figure.text() if figure else 'not measured'}")
+    for name, figure in parts.notes.items():
+        lines.append(f"  ({name}: {figure.text()})")
+    check = check_of(results)
+    lines.append(
+        f"check: {check.sentence()}" if check else "check: not made (needs WORKERS=1, 2 and 4)"
+    )
+    return "\n".join(lines)
+
+
+def newest_scaling_results(reports_dir: Path = REPORTS_DIR) -> Path | None:
+    """The newest ``results.json`` of a scaling run under ``reports_dir`` (None: none)."""
+    found = sorted(
+        reports_dir.glob(f"*-{SCALING_MATRIX}/results.json"), key=lambda p: p.stat().st_mtime
+    )
+    return found[-1] if found else None
+
+
+def _spread(text: str) -> float | None:
+    if text == "random":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: 'random' or a number of processes") from None
+
+
+def _slo(text: str) -> str:
+    try:
+        parse_slo(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Plan the target on the saved figures; print it and write plan.md beside them."""
+    from bench.lab.parts import parts_of
+
+    target = target_of(args)
+    source = Path(args.from_) if args.from_ else newest_scaling_results(Path(args.reports_dir))
+    if source is not None and source.is_dir():
+        source = source / "results.json"
+    if source is None or not source.exists():
+        where = f"{source} does not exist" if source else f"no scaling run under {args.reports_dir}"
+        print(
+            f"plan: no measured figures ({where}). Measure them first, on a quiet machine:\n"
+            f"  {MEASURE_COMMAND}\n"
+            "or give a saved run: --from reports/<time>-scaling/results.json",
+            file=sys.stderr,
+        )
+        return 2
+    results = Results.load(source)
+    found = plan(parts_of(results, target.slo), target)
+    text = plan_markdown(found) + f"\nFigures from: {source}\n"
+    print(text)
+    out = Path(args.out) if args.out else source.parent / "plan.md"
+    out.write_text(text, encoding="utf-8")
+    print(f"written to {out}")
+    if found.not_planned:
+        print(f"to measure what is missing: {MEASURE_COMMAND}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def target_of(args: argparse.Namespace) -> Target:
+    """The plan's target from the command line."""
+    return Target(
+        users=args.users,
+        sends_per_user_per_min=args.sends_per_min,
+        room_size=args.room_size,
+        logins_per_s=args.logins_per_s,
+        slo=args.slo,
+        connections_per_user=args.connections_per_user,
+        spread=args.room_spread,
+        share=args.cpu_share,
+        process_memory_gib=args.process_memory_gib,
+        auth_cores_per_replica=args.auth_cores,
+    )
+
+
+PLAN_EPILOG = f"""\
+How the numbers are found (bench/lab/scaling.py, bench/lab/plan.py):
+  chat processes  the fewest N whose knee-based delivered/s, N x knee x u1 / u(s), holds
+                  the target's (u(s): CPU per delivered frame in rooms spread over s
+                  processes), and whose memory holds the connections; then N + 1
+  Redis primaries sends/s x (CPU per commit + s x CPU per delivery) over --cpu-share of
+                  a core each; each primary with one replica
+  auth replicas   logins/s over (--auth-cores x --cpu-share x argon2 logins per
+                  CPU-second); then + 1
+Every figure comes from a lab run ({MEASURE_COMMAND}); the plan names each one's run,
+configuration and step. Example (the README's):
+  python -m bench.lab plan --users 1000000 --sends-per-min 2 --room-size 10 --logins-per-s 100
+"""
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The ``scaling`` and ``plan`` subcommands."""
+    from bench.lab.machine import QUIET_WAIT_S
+    from bench.lab.results import HEADLINE_SLO_MS
+
+    scaling = sub.add_parser(
+        "scaling",
+        help="measure the scaling function's parts (the scaling matrix, argon2, memory)",
+        description="Run the scaling matrix (one process on memory and on one Redis, rooms "
+        "spread over 2 and 4 processes, a Redis Cluster when this checkout has one), then "
+        "argon2 logins per CPU-second and memory per idle connection once per repeat; the "
+        "report gives the scaling function, each term's source and the WORKERS=2 check. "
+        "A load measurement: it owns the machine.",
+    )
+    scaling.add_argument(
+        "--matrix", default=SCALING_MATRIX, help=f"built-in or a path [{SCALING_MATRIX}]"
+    )
+    scaling.add_argument(
+        "--repeat", type=int, default=0, help="runs per configuration [the matrix's own]"
+    )
+    scaling.add_argument("--out", default="", help="report directory [reports/<time>-scaling]")
+    scaling.add_argument("--quiet", action="store_true", help="no progress output")
+    scaling.add_argument(
+        "--wait-quiet-s",
+        type=float,
+        default=QUIET_WAIT_S,
+        help=f"wait at most this long for a quiet machine first (0: do not) [{QUIET_WAIT_S:g}]",
+    )
+    scaling.set_defaults(func=cmd_scaling, auth_url=(), subparser=scaling)
+
+    p = sub.add_parser(
+        "plan",
+        help="chat processes, Redis primaries and auth replicas for a target, each n+1",
+        description="A capacity plan on figures the lab measured: how many chat processes, "
+        "Redis primaries (each with a replica) and auth replicas a target needs, each "
+        "with n+1, which measured figure each number comes from, and the assumptions.",
+        epilog=PLAN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    need = p.add_argument_group("the target")
+    need.add_argument("--users", type=int, required=True, help="connected users at the peak")
+    need.add_argument(
+        "--sends-per-min",
+        type=float,
+        required=True,
+        help="messages each connected user sends per minute",
+    )
+    need.add_argument(
+        "--room-size",
+        type=int,
+        required=True,
+        help="members per room; each message reaches every member, the sender too",
+    )
+    need.add_argument(
+        "--logins-per-s", type=float, required=True, help="logins per second at the peak"
+    )
+    need.add_argument(
+        "--slo",
+        type=_slo,
+        default=",".join(f"{k}={v:g}" for k, v in HEADLINE_SLO_MS.items()),
+        help="fan-out latency bounds the chat processes must hold, in ms (the knee is "
+        "taken under it from the saved climb) [p99=100]",
+    )
+    how = p.add_argument_group("the deployment")
+    how.add_argument(
+        "--connections-per-user",
+        type=float,
+        default=1.0,
+        help="connections each user holds (tabs, devices) [1]",
+    )
+    how.add_argument(
+        "--room-spread",
+        type=_spread,
+        default=None,
+        metavar="random|N",
+        help="processes a room's members are on: 'random' (each connection lands on any "
+        "process, as the supervisor's steering and a round-robin balancer do) or a number "
+        "(1: every room on one process) [random]",
+    )
+    how.add_argument(
+        "--cpu-share",
+        type=float,
+        default=DEFAULT_SHARE,
+        help="share of one core a Redis primary and each auth core are planned to "
+        f"(their figures are CPU per operation, not a knee) [{DEFAULT_SHARE:g}]",
+    )
+    how.add_argument(
+        "--process-memory-gib",
+        type=float,
+        default=DEFAULT_PROCESS_MEMORY_GIB,
+        help="memory a chat process may give its connections, GiB "
+        f"[{DEFAULT_PROCESS_MEMORY_GIB:g}]",
+    )
+    how.add_argument(
+        "--auth-cores", type=float, default=1.0, help="cores hashing in each auth replica [1]"
+    )
+    src = p.add_argument_group("the figures")
+    src.add_argument(
+        "--from",
+        dest="from_",
+        default="",
+        metavar="RESULTS_JSON",
+        help="a saved scaling run's results.json (or its directory) [the newest "
+        "reports/*-scaling run]",
+    )
+    src.add_argument(
+        "--reports-dir", default=str(REPORTS_DIR), help="where to look for runs [reports/]"
+    )
+    src.add_argument("--out", default="", help="write the plan here [plan.md beside the figures]")
+    p.set_defaults(func=cmd_plan, subparser=p)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse a bad target or matrix with one line and exit 2 (argparse's way, with the
+    subcommand's usage)."""
+    parser: argparse.ArgumentParser | None = getattr(args, "subparser", None)
+    if parser is None:
+        return
+    if args.command == "plan":
+        from bench.lab.plan import target_errors
+
+        errors = target_errors(target_of(args))
+        if errors:
+            parser.error("; ".join(errors))
+    if args.command == "scaling":
+        try:
+            load_matrix(args.matrix)
+        except MatrixError as exc:
+            parser.error(f"{exc} (built in: {', '.join(available())})")
+        if args.repeat < 0:
+            parser.error("--repeat must be 1 or more (0: the matrix's own)")
