@@ -7,9 +7,8 @@ the Locust profile on the generator's core(s) while a sampler records CPU% and R
 server and generator every half second, scrape the server's own metrics, stop it
 cleanly, go on. One auth service serves the whole lab run (its users are registered
 once, with the auth service's real argon2 parameters). Ctrl-C stops what runs and
-keeps what was measured. With ``auth_urls`` (``--auth-url``) the lab starts no auth
-service: it registers its users at, and points the chat servers (``JWT_JWKS_URL``)
-and Locust at, the running replicas named, round robin, failing over between them.
+keeps what was measured. With ``--auth-url`` it starts no auth service and uses the
+replicas named instead (users, the chat servers' ``JWT_JWKS_URL``, Locust).
 """
 
 from __future__ import annotations

@@ -14,30 +14,12 @@ import pytest
 from bench.lab.__main__ import main
 from bench.lab.plan import EXAMPLE_TARGET, Target, plan, plan_markdown, target_errors
 from bench.lab.results import Results
-from bench.lab.scaling import Figure, Parts
+from tests.bench.conftest import hand_parts
 
 Build = Callable[..., Results]
 
 
-def given(value: float) -> Figure:
-    return Figure.given(value, "", "by hand")
-
-
-#: knee 48,000 delivered/s at u1 20 µs/frame: a process' budget is 960,000 µs/s;
-#: beta 2 µs/frame per further process; Redis 25 µs per commit, 5 per delivery;
-#: 11 logins per CPU-second; 32 KiB per connection (65,536 in 2 GiB)
-PARTS = Parts(
-    room_size=10,
-    connections=2000,
-    slo="p99=100",
-    u1=given(20),
-    beta=given(2),
-    knee=given(48000),
-    redis_commit_us=given(25),
-    redis_delivery_us=given(5),
-    logins_per_cpu_s=given(11),
-    bytes_per_connection=given(32768),
-)
+PARTS = hand_parts(logins_per_cpu_s=11)
 
 
 def test_the_readme_example_by_hand() -> None:

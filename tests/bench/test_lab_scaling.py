@@ -29,28 +29,12 @@ from bench.lab.scaling import (
 )
 from bench.lab.scaling_cli import logins_per_cpu_s
 from chatlab.setting_names import CHAT_SERVER
+from tests.bench.conftest import given, hand_parts
 
 Build = Callable[..., Results]
 
 
-def given(value: float) -> Figure:
-    return Figure.given(value, "", "by hand")
-
-
-#: u1 20 µs/frame, beta 2 µs/frame per further process (20 µs per message in rooms of
-#: 10), knee 48,000 delivered/s, Redis 25 µs per commit and 5 per delivery
-PARTS = Parts(
-    room_size=10,
-    connections=2000,
-    slo="p99=100",
-    u1=given(20),
-    beta=given(2),
-    knee=given(48000),
-    redis_commit_us=given(25),
-    redis_delivery_us=given(5),
-    logins_per_cpu_s=given(10),
-    bytes_per_connection=given(32768),
-)
+PARTS = hand_parts(logins_per_cpu_s=10)
 
 
 def test_members_placed_at_random_spread_as_the_closed_form_says() -> None:

@@ -138,24 +138,24 @@ async def test_profile_off_writes_nothing_and_sigusr1_does_not_stop_the_server(
     assert "SIGUSR1: no profile snapshot, PROFILE is off" in server.log()
 
 
-def test_a_run_that_already_holds_snapshots_exits_2_naming_profile_run(
-    tmp_path: Path, keys: KeyPair
-):
-    taken = tmp_path / "profiles" / "taken"
-    taken.mkdir(parents=True)
-    (taken / "1.prof").write_bytes(b"")
+def run_profiled_server(
+    tmp_path: Path, keys: KeyPair, run: str, port: int
+) -> subprocess.CompletedProcess[str]:
+    """``python -m chat_server`` with ``PROFILE=cprofile`` into ``profiles/<run>``, run to
+    its end (these servers fail at start)."""
     clean = {k: v for k, v in os.environ.items() if k not in {s.env for s in SPECS}}
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "chat_server"],
         env={
             **clean,
             "PYTHONPATH": str(ROOT),
             "JWT_PUBLIC_KEY": str(keys.public_path),
             "CHAT_DB": str(tmp_path / "chat.sqlite3"),
-            "CHAT_PORT": str(free_port()),
+            "CHAT_HOST": "127.0.0.1",
+            "CHAT_PORT": str(port),
             "PROFILE": "cprofile",
             "PROFILE_DIR": "profiles",
-            "PROFILE_RUN": "taken",
+            "PROFILE_RUN": run,
         },
         cwd=tmp_path,
         capture_output=True,
@@ -163,6 +163,15 @@ def test_a_run_that_already_holds_snapshots_exits_2_naming_profile_run(
         timeout=60,
         check=False,
     )
+
+
+def test_a_run_that_already_holds_snapshots_exits_2_naming_profile_run(
+    tmp_path: Path, keys: KeyPair
+):
+    taken = tmp_path / "profiles" / "taken"
+    taken.mkdir(parents=True)
+    (taken / "1.prof").write_bytes(b"")
+    result = run_profiled_server(tmp_path, keys, "taken", free_port())
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "PROFILE_RUN" in lines[0] and "taken" in lines[0], lines
@@ -173,30 +182,11 @@ def test_a_start_that_cannot_listen_still_writes_the_profiles_last_snapshot(
 ):
     """Every resource start-up acquired is released on a failed start: the profiler,
     started before the server listens, writes its last snapshot and the exit is 1."""
-    clean = {k: v for k, v in os.environ.items() if k not in {s.env for s in SPECS}}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "chat_server"],
-            env={
-                **clean,
-                "PYTHONPATH": str(ROOT),
-                "JWT_PUBLIC_KEY": str(keys.public_path),
-                "CHAT_DB": str(tmp_path / "chat.sqlite3"),
-                "CHAT_HOST": "127.0.0.1",
-                "CHAT_PORT": str(port),
-                "PROFILE": "cprofile",
-                "PROFILE_DIR": "profiles",
-                "PROFILE_RUN": "refused",
-            },
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = run_profiled_server(tmp_path, keys, "refused", port)
     assert result.returncode == 1, result.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr, result.stderr
     snapshots = sorted((tmp_path / "profiles" / "refused").glob("*.prof"))
