@@ -33,12 +33,15 @@ def test_codecs_bench_reports_every_codec(tmp_path: Path):
     assert all(r["bare_ns"] > 0 and r["codec_ns"] > 0 and r["frame_bytes"] > 0 for r in rows)
 
 
-def test_memory_bench_measures_both_deflate_settings(tmp_path: Path):
+def test_memory_bench_measures_deflate_settings_idle_and_after_traffic(tmp_path: Path):
     out = tmp_path / "memory.json"
-    result = _run("bench.memory", "--connections", "50", "--json", str(out))
+    args = ("--connections", "20", "--deflate", "off,shared", "--traffic", "idle,after")
+    result = _run("bench.memory", *args, "--json", str(out))
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())
-    assert [r["deflate"] for r in rows] == ["off", "on"]
+    assert [(r["traffic"], r["deflate"]) for r in rows] == [
+        (traffic, deflate) for traffic in ("idle", "after") for deflate in ("off", "shared")
+    ]
     assert all(r["rss_after_bytes"] > 0 for r in rows)
 
 
