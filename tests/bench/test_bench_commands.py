@@ -45,6 +45,27 @@ def test_memory_bench_measures_deflate_settings_idle_and_after_traffic(tmp_path:
     assert all(r["rss_after_bytes"] > 0 for r in rows)
 
 
+def test_wire_bench_reports_bytes_per_delivered_message_for_each_deflate_setting(tmp_path: Path):
+    out = tmp_path / "wire.json"
+    result = _run("bench.wire", "--rooms", "1", "--messages", "2", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = {(r["deflate"], r["bodies"]): r for r in json.loads(out.read_text())}
+    assert set(rows) == {(d, b) for d in ("off", "on", "shared") for b in ("demo", "chat", "long")}
+    assert all(r["delivered"] == 20 * 10 for r in rows.values())  # 20 messages, 10 members
+    for bodies in ("demo", "chat", "long"):
+        off = rows["off", bodies]
+        assert off["negotiated"] == ""
+        assert off["wire_bytes_per_delivery"] == off["plain_bytes_per_delivery"]
+    assert "server_no_context_takeover" in rows["shared", "long"]["negotiated"]
+    assert "server_no_context_takeover" not in rows["on", "long"]["negotiated"]
+    # long bodies of words compress either way
+    for deflate in ("on", "shared"):
+        assert (
+            rows[deflate, "long"]["wire_bytes_per_delivery"]
+            < 0.8 * (rows["off", "long"]["wire_bytes_per_delivery"])
+        )
+
+
 def test_auth_login_bench_compares_pool_and_inline(tmp_path: Path):
     out = tmp_path / "auth.json"
     result = _run(
