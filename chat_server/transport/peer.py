@@ -23,7 +23,7 @@ connection that neither websocket library does for us.
 A transport's connection class derives from :class:`ChatPeer`, says how frames,
 close frames and pings reach the wire (:meth:`ChatPeer._send_close_frame`,
 :meth:`ChatPeer._send_ping`, and :meth:`ChatPeer._write_frames` for data frames when an
-extension is negotiated) and reports what
+extension with context takeover is negotiated) and reports what
 its library tells it (:meth:`ChatPeer._opened`, :meth:`ChatPeer._deliver`,
 :meth:`ChatPeer._fragment`, :meth:`ChatPeer._pong`, :meth:`ChatPeer._gone`).
 """
