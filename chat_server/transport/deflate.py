@@ -17,7 +17,7 @@ uWebSockets' ``SHARED_COMPRESSOR`` and gorilla/websocket's ``PreparedMessage`` d
   process, window 2^:data:`WINDOW_BITS` (the smallest window an accepted offer may ask
   for, so one frame fits every member), each message ended with a full flush, so it
   inflates alone with a fresh raw inflater; RSV1 set, the tail ``00 00 ff ff`` removed.
-- **Receiving** (:func:`inflate`, :class:`MessageInflater`): a client's compressed
+- **Receiving** (:class:`MessageInflater`): a client's compressed
   message is inflated by a fresh raw inflater that lives only while the message is read,
   bounded by ``MAX_FRAME_BYTES`` (:class:`InflatedTooBig`: close 1009); a stream zlib
   refuses is :class:`InvalidCompressedData` (close 1007).
@@ -45,7 +45,6 @@ __all__ = [
     "SharedCompressor",
     "answer_offers",
     "deflated_frame",
-    "inflate",
     "negotiate",
 ]
 
@@ -140,15 +139,6 @@ def deflated_frame(opcode: int, compressed: bytes) -> bytes:
     if length < 65536:
         return struct.pack("!BBH", head, 126, length) + compressed
     return struct.pack("!BBQ", head, 127, length) + compressed
-
-
-def inflate(compressed: bytes, limit_bytes: int) -> bytes:
-    """A whole compressed message inflated by a fresh raw inflater, at most ``limit_bytes``.
-
-    Raises :class:`InflatedTooBig` past the limit, :class:`InvalidCompressedData` when
-    zlib refuses the stream.
-    """
-    return MessageInflater(limit_bytes).feed(compressed, True)
 
 
 class MessageInflater:
