@@ -42,7 +42,7 @@ microbench: setup
 	$(PY) -m pytest bench/ --benchmark-only --benchmark-json=reports/microbench.json
 	$(PY) -m bench.seed_table reports/microbench.json
 
-# chat server memory per idle connection, deflate off and on
+# chat server memory per connection, deflate off, on and shared (idle; --traffic after too)
 memory: setup
 	$(PY) -m bench.memory
 

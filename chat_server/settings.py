@@ -133,8 +133,10 @@ SPECS: tuple[Spec, ...] = (
         "WS_DEFLATE",
         "ws_deflate",
         "off",
-        on_off,
-        "offer permessage-deflate (window 2^12, memLevel 5; 54 KiB per idle connection measured)",
+        choice("off", "on", "shared"),
+        "accept permessage-deflate: off; on (context takeover: a compressor per connection,"
+        " window 2^12, memLevel 5); shared (no context takeover: each broadcast compressed"
+        " once, window 2^9, for every member that negotiated it)",
     ),
     Spec(
         "CPU_AFFINITY",
@@ -417,7 +419,7 @@ SPECS: tuple[Spec, ...] = (
         "transport",
         "websockets",
         choice(*TRANSPORTS),
-        "websocket implementation: websockets, or picows (no permessage-deflate)",
+        "websocket implementation: websockets, or picows (permessage-deflate only shared)",
     ),
     Spec(
         "REGRESSION",
@@ -482,7 +484,7 @@ class Settings(SpecSettings):
     port: int
     serializer: str
     event_loop: str
-    ws_deflate: bool
+    ws_deflate: str
     cpu_affinity: tuple[int, ...] | None
     workers: int
     broker: str
@@ -541,15 +543,19 @@ class Settings(SpecSettings):
                 self.regression,
                 "deflate_max_window needs TRANSPORT=websockets (picows has no permessage-deflate)",
             )
-        if self.transport == "picows" and self.ws_deflate:
+        if self.transport == "picows" and self.ws_deflate == "on":
             raise SettingError(
                 "TRANSPORT",
                 self.transport,
-                "picows has no permessage-deflate: WS_DEFLATE=on needs TRANSPORT=websockets",
+                "picows has no permessage-deflate with context takeover: WS_DEFLATE=on needs"
+                " TRANSPORT=websockets (WS_DEFLATE=shared runs on both)",
             )
-        if self.regression == "deflate_max_window" and not self.ws_deflate:
+        if self.regression == "deflate_max_window" and self.ws_deflate != "on":
             raise SettingError(
-                "REGRESSION", self.regression, "deflate_max_window needs WS_DEFLATE=on"
+                "REGRESSION",
+                self.regression,
+                "deflate_max_window needs WS_DEFLATE=on (shared compresses with one window,"
+                " 2^9, for every connection)",
             )
         if self.regression == "auth_inline" and self.workers > 1:
             raise SettingError(
@@ -601,7 +607,7 @@ class Settings(SpecSettings):
         affinity = "off" if self.cpu_affinity is None else ",".join(map(str, self.cpu_affinity))
         return (
             f"serializer={self.serializer} loop={self.event_loop} "
-            f"deflate={'on' if self.ws_deflate else 'off'} affinity={affinity} "
+            f"deflate={self.ws_deflate} affinity={affinity} "
             f"workers={self.workers} broker={self.broker} transport={self.transport} "
             + (
                 f"store=redis{'-cluster' if self.redis_cluster else ''}:"

@@ -137,7 +137,7 @@ class WsConnection:
     arrived with the handshake reply are in ``early``. ``send`` may be called from
     one greenlet while another blocks in ``receive``: writes are serialised by a lock.
     ``deflate=True`` offers permessage-deflate as browsers do (websockets' client
-    settings); the server compresses only when its ``WS_DEFLATE`` is on.
+    settings); the server compresses only when its ``WS_DEFLATE`` is on or shared.
     """
 
     def __init__(

@@ -82,7 +82,7 @@ def add_arguments(parser: Any, **_kwargs: Any) -> None:
         choices=["on", "off"],
         default="on",
         help="offer permessage-deflate, as browsers do (used only if the server's WS_DEFLATE "
-        "is on) [on]",
+        "is on or shared) [on]",
     )
     parser.add_argument(
         "--delivery-report",

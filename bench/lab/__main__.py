@@ -59,8 +59,8 @@ def _out_dir(given: str, label: str) -> Path:
 def _config_name(env: dict[str, str]) -> str:
     """A name like the matrices' (``orjson+uvloop+deflate``, ``+picows``) for ``--env`` toggles."""
     parts = [env.get("SERIALIZER", "orjson"), env.get("EVENT_LOOP", "uvloop")]
-    if env.get("WS_DEFLATE") == "on":
-        parts.append("deflate")
+    if env.get("WS_DEFLATE") in ("on", "shared"):
+        parts.append("deflate" if env["WS_DEFLATE"] == "on" else "deflate-shared")
     if env.get("TRANSPORT", "websockets") != "websockets":
         parts.append(env["TRANSPORT"])
     known = {"SERIALIZER", "EVENT_LOOP", "WS_DEFLATE", "TRANSPORT"}

@@ -27,6 +27,17 @@ MAX_CLIMB_STEPS = 14
 CLIMB_SETTLE_S = 8.0
 
 
+#: ``WS_DEFLATE`` values under which the chat server accepts permessage-deflate (with
+#: context takeover, or shared): the fast driver then offers it, as browsers do
+DEFLATE_VALUES = ("on", "shared")
+
+
+def offers_deflate(env: dict[str, str]) -> bool:
+    """Whether a configuration's server accepts permessage-deflate (the fast driver then
+    offers it and is measured with it)."""
+    return env.get("WS_DEFLATE") in DEFLATE_VALUES
+
+
 class MatrixError(ValueError):
     """A matrix file that cannot be used; the message names the file and the problem."""
 

@@ -36,7 +36,7 @@ import psutil
 
 from bench.lab.driver.config import DriverArgs
 from bench.lab.machine import busy_reasons, is_busy, others_load_over
-from bench.lab.matrix import Config, Load, Matrix
+from bench.lab.matrix import Config, Load, Matrix, offers_deflate
 from bench.lab.results import PERCENTILES, Results, Run, Step, TimePoint, edge, parse_slo
 from bench.lab.sampler import Sampler
 from bench.lab.tailwatch import TailWatch
@@ -525,7 +525,7 @@ class Lab:
             json_out=out,
             t0_monotonic=sampler.t0,
             # as browsers do: deflate is measured with deflate
-            deflate=config.env.get("WS_DEFLATE") == "on",
+            deflate=offers_deflate(config.env),
             climb=load.climb,
             factor=load.factor if load.climb else None,
             resolution=load.resolution if load.climb else None,
@@ -693,7 +693,7 @@ def _locust_stages(load: Load) -> tuple[Any, ...]:
     return PROFILES[load.locust_profile].stages
 
 
-#: said of every WS_DEFLATE=on configuration the fast driver runs against
+#: said of every WS_DEFLATE=on or shared configuration the fast driver runs against
 FAST_DRIVER_DEFLATE = (
     "The fast driver offers permessage-deflate as browsers do, so its steps here are "
     "compressed both ways; its ceiling at this shape, with deflate, is measured in the run "
@@ -704,7 +704,7 @@ FAST_DRIVER_DEFLATE = (
 def _describe(config: Config) -> str:
     """The configuration's description, plus how the drivers exercised it."""
     text = config.description
-    if config.fast and config.env.get("WS_DEFLATE") == "on":
+    if config.fast and offers_deflate(config.env):
         text = f"{text} {FAST_DRIVER_DEFLATE}".strip()
     return text
 

@@ -39,6 +39,7 @@ from chat_server.auth import InvalidToken, TokenVerifier
 from chat_server.codecs.base import Codec
 from chat_server.settings import Settings
 from chat_server.transport.accept import Acceptor, MethodGate, listening_socket
+from chat_server.transport.deflate import SharedCompressor, deflated_frame
 from chat_server.web import WebSite
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class ServerTransport(ABC):
         self.service = service
         self.codec = codec
         self.stats = OutboundStats()
-        self.coalescer = WriteCoalescer(codec.binary)
+        self.coalescer = WriteCoalescer(codec.binary, settings.ws_deflate == "shared")
         self.admission = Admission(settings, service, verifier, codec, self.stats)
         #: this process, as every HTTP response names it
         self.worker = str(os.getpid())
@@ -168,6 +169,32 @@ class Corked(Protocol):
         """Write every frame waiting, in one write."""
 
 
+class Framing:
+    """The wire bytes of server data frames (unmasked, final), each frame's built once per
+    loop iteration for all the connections a broadcast goes to."""
+
+    __slots__ = ("_build", "_wire")
+
+    def __init__(self, build: Callable[[bytes], bytes]) -> None:
+        self._build = build
+        self._wire: dict[bytes, bytes] = {}
+
+    def framed(self, frame: bytes) -> bytes:
+        """``frame`` on the wire, built once per iteration (the coalescer's flush forgets it)."""
+        wire = self._wire.get(frame)
+        if wire is None:
+            wire = self._wire[frame] = self._build(frame)
+        return wire
+
+    def alone(self, frame: bytes) -> bytes:
+        """``frame`` on the wire, not kept for others (a replay's)."""
+        return self._build(frame)
+
+    def forget(self) -> None:
+        """Drop the frames built this iteration."""
+        self._wire.clear()
+
+
 class WriteCoalescer:
     """One write per connection per event-loop iteration.
 
@@ -179,15 +206,25 @@ class WriteCoalescer:
     what it holds is written into the connection's transport buffer, whose size
     decides the 1013 close, within the same iteration.
 
-    :meth:`framed` gives a frame's websocket framing (server side: unmasked, no
-    extension), built once per iteration for all the connections a broadcast goes to.
+    Its framings build each frame's wire bytes once per iteration for every connection
+    a broadcast goes to: :attr:`plain` (no extension), and with ``WS_DEFLATE=shared``
+    :attr:`deflated` (permessage-deflate without context takeover: compressed once,
+    :mod:`chat_server.transport.deflate`).
     """
 
-    def __init__(self, binary: bool) -> None:
-        self._opcode = Opcode.BINARY if binary else Opcode.TEXT
+    def __init__(self, binary: bool, shared_deflate: bool = False) -> None:
+        opcode = Opcode.BINARY if binary else Opcode.TEXT
         self._dirty: list[Corked] = []
-        self._wire: dict[bytes, bytes] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: frames without an extension
+        self.plain = Framing(lambda frame: Frame(opcode, frame).serialize(mask=False))
+        #: frames compressed once for every connection that negotiated shared deflate
+        self.deflated: Framing | None = None
+        self._framings = [self.plain]
+        if shared_deflate:
+            compress = SharedCompressor().compress
+            self.deflated = Framing(lambda frame: deflated_frame(opcode, compress(frame)))
+            self._framings.append(self.deflated)
 
     def mark(self, peer: Corked) -> None:
         """``peer`` has frames waiting: have it flush at the end of this iteration."""
@@ -204,18 +241,8 @@ class WriteCoalescer:
             for peer in dirty:
                 peer.flush()
         finally:
-            self._wire.clear()
-
-    def framed(self, frame: bytes) -> bytes:
-        """``frame`` as one unmasked websocket data frame, built once per iteration."""
-        wire = self._wire.get(frame)
-        if wire is None:
-            wire = self._wire[frame] = Frame(self._opcode, frame).serialize(mask=False)
-        return wire
-
-    def framed_alone(self, frame: bytes) -> bytes:
-        """``frame`` as one unmasked websocket data frame, not kept for others (a replay's)."""
-        return Frame(self._opcode, frame).serialize(mask=False)
+            for framing in self._framings:
+                framing.forget()
 
 
 class OutboundStats:

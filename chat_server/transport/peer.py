@@ -23,7 +23,7 @@ connection that neither websocket library does for us.
 A transport's connection class derives from :class:`ChatPeer`, says how frames,
 close frames and pings reach the wire (:meth:`ChatPeer._send_close_frame`,
 :meth:`ChatPeer._send_ping`, and :meth:`ChatPeer._write_frames` for data frames when an
-extension is negotiated) and reports what
+extension with context takeover is negotiated) and reports what
 its library tells it (:meth:`ChatPeer._opened`, :meth:`ChatPeer._deliver`,
 :meth:`ChatPeer._fragment`, :meth:`ChatPeer._pong`, :meth:`ChatPeer._gone`).
 """
@@ -46,7 +46,7 @@ from chat_server.transport.base import (
 
 if TYPE_CHECKING:
     from chat_server.core.chat import Session
-    from chat_server.transport.base import ServerTransport
+    from chat_server.transport.base import Framing, ServerTransport
 
 log = logging.getLogger("chat_server.transport")
 
@@ -57,10 +57,10 @@ PEER_SLOTS = (
     "_drop",
     "_fragments",
     "_fragments_text",
+    "_framing",
     "_keepalive",
     "_out",
     "_out_bytes",
-    "_plain",
     "_pong_due",
     "_spare_bytes",
     "closing",
@@ -87,8 +87,10 @@ class ChatPeer:
     closing: bool
     #: the write buffer is over its high-water mark
     paused: bool
-    #: no extension on this connection: the coalescer's shared framing fits it
-    _plain: bool
+    #: the coalescer's framing this connection's data frames take (built once per
+    #: broadcast: plain, or compressed once with ``WS_DEFLATE=shared``), or None when an
+    #: extension with context takeover frames them (:meth:`_write_frames`)
+    _framing: Framing | None
     _out: list[bytes] | None
     _out_bytes: int
     #: bytes the write buffer may still take before the bound, when the queue started
@@ -106,7 +108,7 @@ class ChatPeer:
         self.tcp = None
         self.closing = False
         self.paused = False
-        self._plain = True
+        self._framing = owner.coalescer.plain
         self._out = None
         self._out_bytes = 0
         self._spare_bytes = owner.max_outbound_bytes
@@ -120,7 +122,7 @@ class ChatPeer:
     # ---- what a transport provides ------------------------------------------------------
 
     def _write_frames(self, frames: list[bytes]) -> None:
-        """Write data frames through an extension (only called when ``_plain`` is False)."""
+        """Write data frames through an extension (only called when ``_framing`` is None)."""
         raise NotImplementedError
 
     def _send_close_frame(self, code: int, reason: str) -> None:
@@ -156,8 +158,9 @@ class ChatPeer:
         tcp = self.tcp
         if not frames or self.closing or tcp is None or tcp.is_closing():
             return
-        if self._plain:  # the coalescer's framing, built once per broadcast
-            framed = self.owner.coalescer.framed
+        framing = self._framing
+        if framing is not None:  # the coalescer's, built once per broadcast
+            framed = framing.framed
             tcp.write(b"".join([framed(frame) for frame in frames]))
         else:
             self._write_frames(frames)
@@ -175,9 +178,9 @@ class ChatPeer:
             self.flush()  # what was sent before goes first
         if self._spare_now() is None:
             raise ConnectionError("connection is closing")
-        if self._plain:
+        if self._framing is not None:
             assert self.tcp is not None
-            self.tcp.write(self.owner.coalescer.framed_alone(frame))
+            self.tcp.write(self._framing.alone(frame))
         else:
             self._write_frames([frame])
         self.owner.stats.frames_out += 1

@@ -13,8 +13,12 @@ own auto-ping closes with 1001, the contract says 1011: it is off), reassembly a
 the UTF-8 check are the ones websockets' connections share. What is picows' here:
 the echo of a client's close frame.
 
-picows has no permessage-deflate: ``WS_DEFLATE=on`` is refused at start with this
-transport (see :mod:`chat_server.settings`).
+permessage-deflate with context takeover (``WS_DEFLATE=on``) is websockets' only: it is
+refused at start with this transport (see :mod:`chat_server.settings`). With
+``WS_DEFLATE=shared`` the transport negotiates it itself
+(:func:`~chat_server.transport.deflate.answer_offers`, in the 101's extra headers); a
+connection that accepted it is a :class:`DeflatePicowsPeer`, whose data frames are
+compressed once per broadcast by the coalescer and whose client frames it inflates.
 """
 
 from __future__ import annotations
@@ -48,7 +52,20 @@ from chat_server.auth import TokenVerifier
 from chat_server.codecs.base import Codec
 from chat_server.settings import Settings
 from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
-from chat_server.transport.base import WORKER_HEADER, Admitted, ServerTransport
+from chat_server.transport.base import (
+    CLOSE_INVALID_TEXT,
+    CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_PROTOCOL_ERROR,
+    WORKER_HEADER,
+    Admitted,
+    ServerTransport,
+)
+from chat_server.transport.deflate import (
+    InflatedTooBig,
+    InvalidCompressedData,
+    MessageInflater,
+    answer_offers,
+)
 from chat_server.transport.peer import ChatPeer
 
 if TYPE_CHECKING:
@@ -125,6 +142,55 @@ class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
         transport.disconnect()
 
 
+class DeflatePicowsPeer(PicowsPeer):
+    """A connection that negotiated ``WS_DEFLATE=shared``: its data frames take the
+    coalescer's compressed framing, and a compressed message from it (RSV1 on its first
+    frame) is inflated by an inflater that lives only while that message is read."""
+
+    def __init__(self, owner: PicowsTransport, user: str) -> None:
+        super().__init__(owner, user)
+        self._framing = owner.coalescer.deflated
+        self._inflater: MessageInflater | None = None
+
+    def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
+        kind = frame.msg_type
+        if frame.rsv1 and kind in (TEXT, BINARY):
+            if self._fragments is not None:
+                self._fail(CLOSE_PROTOCOL_ERROR, "new message inside a fragmented one")
+                return
+            self._inflater = MessageInflater(self.owner.settings.max_frame_bytes)
+            self._inflated(kind == TEXT, frame.get_payload_as_memoryview(), frame.fin)
+        elif kind == CONTINUATION and self._inflater is not None:
+            self._inflated(None, frame.get_payload_as_memoryview(), frame.fin)
+        else:
+            super().on_ws_frame(transport, frame)
+
+    def _inflated(self, text: bool | None, data: memoryview, fin: bool) -> None:
+        """A frame of a compressed message: inflated, then delivered or reassembled."""
+        if self.closing:
+            return
+        assert self._inflater is not None
+        try:
+            message = self._inflater.feed(data, fin)
+        except InflatedTooBig:
+            self._inflater = None
+            self._fail(CLOSE_MESSAGE_TOO_BIG, "message over MAX_FRAME_BYTES")
+            return
+        except InvalidCompressedData as exc:
+            self._inflater = None
+            self._fail(CLOSE_INVALID_TEXT, exc.reason)
+            return
+        if fin:
+            self._inflater = None
+        if fin and self._fragments is None:
+            if text:
+                self._deliver_text(message)
+            else:
+                self._deliver(message)
+        else:
+            self._fragment(text, message, fin)
+
+
 class PicowsTransport(ServerTransport):
     """Serves ``/ws`` (and ``/healthz``, ``/stats``, the web page) with picows."""
 
@@ -138,6 +204,7 @@ class PicowsTransport(ServerTransport):
     ) -> None:
         super().__init__(settings, service, verifier, codec, listen_socket)
         self._headers = {WORKER_HEADER: self.worker}
+        self._shared_deflate = settings.ws_deflate == "shared"
 
     def connection_protocol(self) -> asyncio.BufferedProtocol:
         """picows' server protocol for a connection, with :meth:`_route` as its router."""
@@ -156,10 +223,17 @@ class PicowsTransport(ServerTransport):
             extra = self._headers
             if decision.subprotocol is not None:
                 extra = {**extra, "Sec-WebSocket-Protocol": decision.subprotocol}
-            return WSUpgradeResponseWithListener(
-                WSUpgradeResponse.create_101_response(extra),
-                PicowsPeer(self, decision.user),
+            deflate = (
+                answer_offers(headers.getall("Sec-WebSocket-Extensions", ()))
+                if self._shared_deflate
+                else None
             )
+            if deflate is None:
+                peer: PicowsPeer = PicowsPeer(self, decision.user)
+            else:
+                extra = {**extra, "Sec-WebSocket-Extensions": deflate}
+                peer = DeflatePicowsPeer(self, decision.user)
+            return WSUpgradeResponseWithListener(WSUpgradeResponse.create_101_response(extra), peer)
         extra = {**self._headers, "Content-Type": decision.content_type, **dict(decision.headers)}
         body = decision.body.encode()
         response = (

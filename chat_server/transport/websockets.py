@@ -6,8 +6,13 @@ it reads to ``ServerProtocol.receive_data``, handles ``events_received()`` and
 writes ``data_to_send()`` (as uvicorn's ``websockets_sansio_impl`` does). All of it
 is websockets' public sans-I/O API: the HTTP and frame parsing, limits on the
 request and on frame sizes (``MAX_FRAME_BYTES``: 1009), protocol errors (1002),
-pongs to pings, the echo of a client's close, and permessage-deflate (``WS_DEFLATE``).
-The rest is chatlab's, shared with picows in
+pongs to pings, the echo of a client's close, and permessage-deflate with context
+takeover (``WS_DEFLATE=on``). With ``WS_DEFLATE=shared`` websockets negotiates
+permessage-deflate through its public extension API (:class:`SharedDeflateFactory`),
+but the frames are chatlab's: a connection's data frames take the coalescer's framing,
+compressed once per broadcast, and :class:`SharedDeflate` inflates what the client
+compressed, without a compressor or inflater kept between messages
+(:mod:`chat_server.transport.deflate`). The rest is chatlab's, shared with picows in
 :class:`~chat_server.transport.peer.ChatPeer`.
 
 The handshake is :class:`~chat_server.transport.base.Admission`'s: ``/healthz``,
@@ -24,16 +29,25 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from websockets.exceptions import NegotiationError, PayloadTooBig, ProtocolError
+from websockets.extensions import Extension, ServerExtensionFactory
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
-from websockets.frames import Frame, Opcode
+from websockets.frames import CTRL_OPCODES, Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
+from websockets.typing import ExtensionName, ExtensionParameter
 
 from chat_server.regressions import Regression
 from chat_server.settings import Settings
 from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
 from chat_server.transport.base import WORKER_HEADER, Admitted, Reply, ServerTransport
+from chat_server.transport.deflate import (
+    EXTENSION_NAME,
+    InflatedTooBig,
+    MessageInflater,
+    negotiate,
+)
 from chat_server.transport.peer import PEER_SLOTS, ChatPeer
 
 # websockets logs every connection's open and close at INFO: one line per connection
@@ -162,7 +176,10 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
         response.headers[WORKER_HEADER] = owner.worker
         protocol.send_response(response)
         if protocol.state is OPEN:
-            self._plain = "Sec-WebSocket-Extensions" not in response.headers
+            if "Sec-WebSocket-Extensions" in response.headers:
+                # WS_DEFLATE=shared: compressed once per broadcast; on: None, through the
+                # protocol's own compressor
+                self._framing = owner.coalescer.deflated
             self._send_pending()  # the 101 before the welcome
             assert isinstance(decision, Admitted)
             self._opened(decision.user)
@@ -208,19 +225,87 @@ def permessage_deflate(window_bits: int = 12, mem_level: int = 5) -> ServerPerMe
     )
 
 
-def _deflate_extensions(settings: Settings) -> list[ServerPerMessageDeflateFactory] | None:
-    """permessage-deflate as ``WS_DEFLATE`` says: websockets' memory-frugal defaults.
+def _deflate_extensions(
+    settings: Settings,
+) -> list[ServerPerMessageDeflateFactory | SharedDeflateFactory] | None:
+    """permessage-deflate as ``WS_DEFLATE`` says.
 
-    On: window 2^12 both ways and zlib memLevel 5, since even these cost several times
-    the memory per idle connection of deflate off
-    (``docs/decisions/0009-permessage-deflate.md``).
-    REGRESSION=deflate_max_window: window 2^15 and memLevel 9, zlib's maximum
-    (its memory cost is for the lab to measure).
+    On: websockets' own, with its memory-frugal defaults: window 2^12 both ways and zlib
+    memLevel 5, since even these cost several times the memory per idle connection of
+    deflate off (``docs/decisions/0009-permessage-deflate.md``);
+    REGRESSION=deflate_max_window: window 2^15 and memLevel 9, zlib's maximum (its
+    memory cost is for the lab to measure). Shared: :class:`SharedDeflateFactory`.
     """
-    if not settings.ws_deflate:
+    if settings.ws_deflate == "shared":
+        return [SharedDeflateFactory()]
+    if settings.ws_deflate != "on":
         return None
     window_bits, mem_level = Regression.of(settings).deflate_window()
     return [permessage_deflate(window_bits=window_bits, mem_level=mem_level)]
+
+
+class SharedDeflateFactory(ServerExtensionFactory):
+    """``WS_DEFLATE=shared``'s negotiation: every offer websockets' own factory would
+    accept, answered without context takeover either way
+    (:func:`~chat_server.transport.deflate.negotiate`)."""
+
+    name = ExtensionName(EXTENSION_NAME)
+
+    def process_request_params(
+        self, params: Sequence[ExtensionParameter], accepted_extensions: Sequence[Extension]
+    ) -> tuple[list[ExtensionParameter], SharedDeflate]:
+        """The answer's parameters and the connection's extension; NegotiationError
+        declines the offer (websockets then tries the next, or answers without one)."""
+        if any(other.name == self.name for other in accepted_extensions):
+            raise NegotiationError(f"skipped duplicate {self.name}")
+        return negotiate(params), SharedDeflate()
+
+
+class SharedDeflate(Extension):
+    """One connection's permessage-deflate without context takeover, for websockets' parser.
+
+    :meth:`decode` inflates a compressed message with an inflater that lives only while
+    the message is read (bounded by the parser's ``max_size``, ``MAX_FRAME_BYTES``:
+    PayloadTooBig, which websockets closes with 1009; a bad stream raises
+    :class:`~chat_server.transport.deflate.InvalidCompressedData`, which it closes with
+    1007). :meth:`encode` leaves frames as they are: what the protocol itself sends is
+    control frames, never compressed, and the data frames go out through the coalescer.
+    """
+
+    __slots__ = ("_inflater",)
+
+    name = ExtensionName(EXTENSION_NAME)
+
+    def __init__(self) -> None:
+        #: the message being read in several frames, if it is compressed
+        self._inflater: MessageInflater | None = None
+
+    def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
+        """``frame`` with its data inflated when its message is compressed."""
+        opcode = frame.opcode
+        if opcode is CONT:
+            inflater = self._inflater
+            if inflater is None:
+                return frame
+            if frame.rsv1:
+                raise ProtocolError("RSV1 bit set in continuation frame")
+        elif not frame.rsv1 or opcode in CTRL_OPCODES:
+            return frame
+        else:
+            assert max_size is not None  # the protocol's max_size: MAX_FRAME_BYTES
+            inflater = self._inflater = MessageInflater(max_size)
+        if frame.fin:
+            self._inflater = None
+        try:
+            data = inflater.feed(frame.data, frame.fin)
+        except InflatedTooBig:
+            self._inflater = None
+            raise PayloadTooBig(None, max_size or 0) from None
+        return Frame(opcode, data, frame.fin, False, frame.rsv2, frame.rsv3)
+
+    def encode(self, frame: Frame) -> Frame:
+        """``frame`` as it is: sent uncompressed, as RFC 7692 allows any message to be."""
+        return frame
 
 
 def _subprotocol_selector(ours: str) -> Callable[[ServerProtocol, Sequence[str]], str | None]:

@@ -33,13 +33,37 @@ def test_codecs_bench_reports_every_codec(tmp_path: Path):
     assert all(r["bare_ns"] > 0 and r["codec_ns"] > 0 and r["frame_bytes"] > 0 for r in rows)
 
 
-def test_memory_bench_measures_both_deflate_settings(tmp_path: Path):
+def test_memory_bench_measures_deflate_settings_idle_and_after_traffic(tmp_path: Path):
     out = tmp_path / "memory.json"
-    result = _run("bench.memory", "--connections", "50", "--json", str(out))
+    args = ("--connections", "20", "--deflate", "off,shared", "--traffic", "idle,after")
+    result = _run("bench.memory", *args, "--json", str(out))
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())
-    assert [r["deflate"] for r in rows] == ["off", "on"]
+    assert [(r["traffic"], r["deflate"]) for r in rows] == [
+        (traffic, deflate) for traffic in ("idle", "after") for deflate in ("off", "shared")
+    ]
     assert all(r["rss_after_bytes"] > 0 for r in rows)
+
+
+def test_wire_bench_reports_bytes_per_delivered_message_for_each_deflate_setting(tmp_path: Path):
+    out = tmp_path / "wire.json"
+    result = _run("bench.wire", "--rooms", "1", "--messages", "2", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = {(r["deflate"], r["bodies"]): r for r in json.loads(out.read_text())}
+    assert set(rows) == {(d, b) for d in ("off", "on", "shared") for b in ("demo", "chat", "long")}
+    assert all(r["delivered"] == 20 * 10 for r in rows.values())  # 20 messages, 10 members
+    for bodies in ("demo", "chat", "long"):
+        off = rows["off", bodies]
+        assert off["negotiated"] == ""
+        assert off["wire_bytes_per_delivery"] == off["plain_bytes_per_delivery"]
+    assert "server_no_context_takeover" in rows["shared", "long"]["negotiated"]
+    assert "server_no_context_takeover" not in rows["on", "long"]["negotiated"]
+    # long bodies of words compress either way
+    for deflate in ("on", "shared"):
+        assert (
+            rows[deflate, "long"]["wire_bytes_per_delivery"]
+            < 0.8 * (rows["off", "long"]["wire_bytes_per_delivery"])
+        )
 
 
 def test_auth_login_bench_compares_pool_and_inline(tmp_path: Path):

@@ -317,7 +317,7 @@ async def test_both_relays_send_every_frame_verbatim_to_their_whole_room(transpo
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
 
-@pytest.mark.parametrize("server_deflate", ["on", "off"])
+@pytest.mark.parametrize("server_deflate", ["on", "shared", "off"])
 def test_driver_compresses_both_ways_when_the_server_accepts_deflate(
     server_deflate: str,
     start_server: Callable[..., ServerProcess],
@@ -342,7 +342,7 @@ def test_driver_compresses_both_ways_when_the_server_accepts_deflate(
     )
     assert result.returncode == 0, result.stderr
     for step in assert_complete_steps(out, (200, 400), connections=20):
-        assert step.deflate is (server_deflate == "on")
+        assert step.deflate is (server_deflate != "off")
         assert step.frame_bytes > step.body_chars == MIN_BODY_CHARS
 
 

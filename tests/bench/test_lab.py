@@ -139,10 +139,10 @@ def test_every_built_in_matrix_loads_with_a_baseline_and_an_aa_pair() -> None:
 def test_demo_matrix_fits_the_readme_promise() -> None:
     # a capacity ladder: every rung climbed twice and measured at stated cost rates, the
     # relays beside it, the A/A pair a rung the driver can see, the baseline's Locust run
-    # and profile kept, all in under 10 minutes after setup
+    # and profile kept, all in under 12 minutes after setup
     demo = load_matrix("demo")
     assert demo.repeat == 2
-    assert demo.estimate_s(demo.repeat) < 10 * 60
+    assert demo.estimate_s(demo.repeat) < 12 * 60
     # what the README promises and what the lab announces agree within 20 %
     promised = re.search(r"make demo .*\(~(\d+) min\)", (ROOT / "README.md").read_text())
     assert promised is not None
@@ -159,7 +159,9 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
     # the A/A pair is not driver-limited: no deflate
     assert demo.aa_pair is not None
     assert all(demo.config(n).env.get("WS_DEFLATE") == "off" for n in demo.aa_pair)
-    # two cost rates: the lower every rung runs, the higher every rung without deflate
+    # two cost rates: the lower every rung runs, the higher every rung without deflate's
+    # context takeover (shared deflate compresses a broadcast once: it holds it)
+    assert any(c.env.get("WS_DEFLATE") == "shared" for c in climbed)
     low, high = demo.load.cost_rates
     for config in climbed:
         rates = demo.load_of(config).cost_rates

@@ -1,12 +1,13 @@
-"""The contract's flows over a real server, for every serializer, both loops, deflate on and off,
-on both transports.
+"""The contract's flows over a real server, for every serializer, both loops, deflate off, on
+and shared, on both transports.
 
-picows has no permessage-deflate (``TRANSPORT=picows`` with ``WS_DEFLATE=on`` is refused
-at start, see test_settings), so it runs the combinations with deflate off. One more
-combination per transport runs the same flows with ``BROKER=redis`` (one process, on a
-private redis-server): history in Redis Streams, delivery through sharded pub/sub; and
-once more on a private Redis Cluster (``REDIS_CLUSTER=on``, three primaries with a
-replica each).
+picows has no permessage-deflate with context takeover (``TRANSPORT=picows`` with
+``WS_DEFLATE=on`` is refused at start, see test_settings), so it runs the combinations with
+deflate off, and one with deflate shared (the rest of shared's combinations run on
+websockets, beside every one with deflate on). One more combination per transport runs the
+same flows with ``BROKER=redis`` (one process, on a private redis-server): history in
+Redis Streams, delivery through sharded pub/sub; and once more on a private Redis Cluster
+(``REDIS_CLUSTER=on``, three primaries with a replica each).
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ MATRIX = (
             + ("" if transport == "websockets" else f"-{transport}"),
         )
         for transport, s, loop, deflate in itertools.product(
-            TRANSPORTS, ("json", "orjson", "protobuf"), ("asyncio", "uvloop"), ("on", "off")
+            TRANSPORTS,
+            ("json", "orjson", "protobuf"),
+            ("asyncio", "uvloop"),
+            ("on", "shared", "off"),
         )
-        if transport == "websockets" or deflate == "off"
+        if transport == "websockets"
+        or deflate == "off"
+        or (deflate == "shared" and (s, loop) == ("orjson", "uvloop"))
     ]
     + [
         pytest.param(
@@ -96,8 +102,8 @@ def fresh_room() -> str:
 
 
 async def connect(server: ServerProcess, keys: KeyPair, user: str) -> Client:
-    """Connect (offering deflate when the server has it on) and read the welcome."""
-    compression = "deflate" if server.settings.get("WS_DEFLATE") == "on" else None
+    """Connect (offering deflate when the server accepts it) and read the welcome."""
+    compression = "deflate" if server.settings.get("WS_DEFLATE") in ("on", "shared") else None
     client = await Client.connect(server, keys.mint(user), compression=compression)
     welcome = await client.expect(Welcome)
     assert welcome.user == user
@@ -105,13 +111,19 @@ async def connect(server: ServerProcess, keys: KeyPair, user: str) -> Client:
     return client
 
 
-async def test_deflate_is_negotiated_only_when_on(matrix_server: ServerProcess, keys: KeyPair):
+async def test_deflate_is_negotiated_only_when_on_or_shared(
+    matrix_server: ServerProcess, keys: KeyPair
+):
     client = await Client.connect(matrix_server, keys.mint("dora"), compression="deflate")
     extensions = client.conn.response.headers.get("Sec-WebSocket-Extensions")
-    if matrix_server.settings["WS_DEFLATE"] == "on":
-        assert extensions is not None and "permessage-deflate" in extensions
-    else:
+    mode = matrix_server.settings["WS_DEFLATE"]
+    if mode == "off":
         assert extensions is None
+    else:
+        assert extensions is not None and extensions.startswith("permessage-deflate")
+        # shared: no context takeover either way, whatever the client offered
+        without_context = ("server_no_context_takeover", "client_no_context_takeover")
+        assert all((p in extensions) is (mode == "shared") for p in without_context)
     assert client.conn.subprotocol == client.codec.subprotocol
     await client.close()
 

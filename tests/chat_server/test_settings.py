@@ -20,7 +20,7 @@ def test_defaults_match_the_contract():
     assert (settings.serializer, settings.event_loop, settings.ws_deflate) == (
         "orjson",
         "uvloop",
-        False,
+        "off",
     )
     assert (settings.host, settings.port) == ("127.0.0.1", 8000)
     assert settings.cpu_affinity is None
@@ -56,7 +56,7 @@ def test_env_example_lists_every_setting_with_its_default():
 BAD_VALUES = {
     "SERIALIZER": "xml",
     "EVENT_LOOP": "trio",
-    "WS_DEFLATE": "yes",  # the docs list off and on
+    "WS_DEFLATE": "yes",  # the docs list off, on and shared
     "CPU_AFFINITY": "999",
     "WORKERS": "2",  # needs BROKER=redis
     "BROKER": "kafka",
@@ -196,12 +196,14 @@ def test_picows_refuses_what_needs_deflate_naming_both_settings(
     assert "picows" in lines[0]
 
 
-def test_picows_is_accepted_without_deflate():
+def test_picows_is_accepted_without_deflate_and_with_shared_deflate():
     settings = Settings.from_mapping({"TRANSPORT": "picows"})
-    assert (settings.transport, settings.ws_deflate) == ("picows", False)
+    assert (settings.transport, settings.ws_deflate) == ("picows", "off")
+    shared = Settings.from_mapping({"TRANSPORT": "picows", "WS_DEFLATE": "shared"})
+    assert (shared.transport, shared.ws_deflate) == ("picows", "shared")
 
 
-def test_deflate_max_window_needs_deflate():
+def test_deflate_max_window_needs_deflate_with_context_takeover():
     with pytest.raises(SettingError) as bad:
         Settings.from_mapping({"REGRESSION": "deflate_max_window", "WS_DEFLATE": "off"})
     assert bad.value.name == "REGRESSION"
@@ -223,6 +225,15 @@ def test_a_cluster_takes_seed_nodes_and_one_redis_takes_one_url():
             Settings.from_mapping(mapping)
         assert bad.value.name == name, mapping
         assert "secret" not in str(bad.value)
+
+
+def test_deflate_max_window_with_shared_deflate_exits_2_at_start(tmp_path: Path, keys: KeyPair):
+    # shared compresses every broadcast with one window (2^9): there is no window to widen
+    env = {"REGRESSION": "deflate_max_window", "WS_DEFLATE": "shared"}
+    result = _run({"JWT_PUBLIC_KEY": str(keys.public_path), **env}, tmp_path, "--check")
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert "REGRESSION" in line and "WS_DEFLATE=on" in line, line
 
 
 def test_unusable_database_exits_2_naming_chat_db(tmp_path: Path, keys: KeyPair):

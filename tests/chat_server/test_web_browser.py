@@ -2,7 +2,9 @@
 
 Two independent browser sessions (each its own chromium, profile and sessionStorage)
 register and log in through the auth service, join one room and talk; a reload
-replays what was missed; strings that look like HTML stay text. On failure each
+replays what was missed (with ``WS_DEFLATE=shared``: Chromium offers permessage-deflate
+and accepts the answer without context takeover, read from its own network log);
+strings that look like HTML stay text. On failure each
 browser's screenshot is saved in the test's tmp dir (its path is in the failure).
 Nothing downloads a browser: selenium is pointed at /usr/bin/chromedriver and
 /usr/bin/chromium, and selenium's own driver manager is kept offline.
@@ -10,6 +12,7 @@ Nothing downloads a browser: selenium is pointed at /usr/bin/chromedriver and
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -69,6 +72,8 @@ class Browser:
 
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
+        # the network log holds each websocket handshake as Chromium saw it
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
         for flag in (
             "--headless=new",
             "--no-sandbox",
@@ -135,8 +140,25 @@ class Browser:
             )
         )
 
+    def websocket_extensions(self) -> list[tuple[str, str]]:
+        """(offered, answered) ``Sec-WebSocket-Extensions`` of each websocket handshake
+        since the last call, from Chromium's network log."""
+        pairs = []
+        for entry in self.driver.get_log("performance"):
+            event = json.loads(entry["message"])["message"]
+            if event["method"] == "Network.webSocketHandshakeResponseReceived":
+                response = event["params"]["response"]
+                offered = _header(response.get("requestHeaders", {}), "Sec-WebSocket-Extensions")
+                pairs.append((offered, _header(response["headers"], "Sec-WebSocket-Extensions")))
+        return pairs
+
     def close(self) -> None:
         self.driver.quit()
+
+
+def _header(headers: dict[str, str], name: str) -> str:
+    """A header's value whatever its case ("" when absent)."""
+    return next((v for k, v in headers.items() if k.lower() == name.lower()), "")
 
 
 @contextmanager
@@ -162,7 +184,15 @@ def browsers(tmp_path: Path, *names: str) -> Iterator[list[Browser]]:
 
 
 @pytest.fixture
-def chat_and_auth(tmp_path: Path, keys: KeyPair, transport: str) -> Iterator[ServerProcess]:
+def ws_deflate() -> str:
+    """The chat server's ``WS_DEFLATE`` (a test parametrizes it to change it)."""
+    return "off"
+
+
+@pytest.fixture
+def chat_and_auth(
+    tmp_path: Path, keys: KeyPair, transport: str, ws_deflate: str
+) -> Iterator[ServerProcess]:
     """An auth service allowing the chat page's origin, and a chat server that names it."""
     (tmp_path / "auth").mkdir()
     (tmp_path / "chat").mkdir()
@@ -178,6 +208,7 @@ def chat_and_auth(tmp_path: Path, keys: KeyPair, transport: str) -> Iterator[Ser
         keys,
         event_loop="asyncio",
         transport=transport,
+        ws_deflate=ws_deflate,
         jwt_public_key=str(auth.public_path),
         auth_public_url=auth.url(),
     )
@@ -197,6 +228,7 @@ def _selenium_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SE_OFFLINE", "true")
 
 
+@pytest.mark.parametrize("ws_deflate", ["shared"])
 def test_two_browsers_talk_in_order_see_presence_and_replay_after_a_reload(
     chat_and_auth: ServerProcess, tmp_path: Path
 ):
@@ -208,6 +240,13 @@ def test_two_browsers_talk_in_order_see_presence_and_replay_after_a_reload(
             browser.join("lobby")
         for browser in (alice, bob):
             browser.wait(lambda b=browser: b.members() == ["alice", "bob"], "both members")
+            # Chromium offers permessage-deflate and took the answer without context
+            # takeover (it fails the connection on an answer it does not accept)
+            [(offered, answered)] = browser.websocket_extensions()
+            assert offered.startswith("permessage-deflate"), offered
+            assert answered.startswith("permessage-deflate"), answered
+            assert "server_no_context_takeover" in answered, answered
+            assert "client_no_context_takeover" in answered, answered
 
         for n in range(3):
             alice.say(f"alice {n}")
@@ -232,6 +271,9 @@ def test_two_browsers_talk_in_order_see_presence_and_replay_after_a_reload(
         alice.wait(lambda: len(alice.messages("lobby")) == 6, "six messages")
         bob.open(page)
         bob.online()
+        assert [answered for _, answered in bob.websocket_extensions()][-1].startswith(
+            "permessage-deflate"
+        )
         bob.wait(lambda: len(bob.messages("lobby")) == 6, "history and replay after the reload")
         after = bob.messages("lobby")
         assert [m["seq"] for m in after] == [1, 2, 3, 4, 5, 6]

@@ -85,10 +85,10 @@ def test_each_enum_setting_takes_exactly_the_values_it_lists(spec: Spec):
             spec.parse(value)
 
 
-def test_ws_deflate_is_a_switch_of_off_and_on():
+def test_ws_deflate_is_one_of_off_on_and_shared():
     ws_deflate = next(spec for spec in CHAT_SPECS if spec.env == "WS_DEFLATE")
-    assert (ws_deflate.parse("on"), ws_deflate.parse("off")) == (True, False)
-    with pytest.raises(ValueError, match="allowed: off, on"):
+    assert [ws_deflate.parse(v) for v in ("off", "on", "shared")] == ["off", "on", "shared"]
+    with pytest.raises(ValueError, match="allowed: off, on, shared"):
         ws_deflate.parse("yes")
 
 

@@ -184,6 +184,11 @@ _DEFLATE_FACTORY = ClientPerMessageDeflateFactory(
 DEFLATE_OFFER = build_extension([(_DEFLATE_FACTORY.name, _DEFLATE_FACTORY.get_request_params())])
 _OPCODES = {WSMsgType.TEXT: Opcode.TEXT, WSMsgType.BINARY: Opcode.BINARY}
 _DEFLATE_TAIL = b"\x00\x00\xff\xff"
+#: compressed payloads without context takeover and what they inflate to, shared by every
+#: connection: a room's members get the same bytes for one broadcast (``WS_DEFLATE=shared``
+#: compresses it once), so the driver inflates it once too; emptied when this full
+_INFLATED_MAX = 4096
+_inflated: dict[bytes, bytes] = {}
 
 
 def negotiated_deflate(extensions_header: str | None) -> PerMessageDeflate | None:
@@ -199,7 +204,8 @@ def negotiated_deflate(extensions_header: str | None) -> PerMessageDeflate | Non
 class DeflateConnection(Connection):
     """A :class:`Connection` that offered permessage-deflate (RFC 7692): once the server
     accepted it, what it sends is compressed (rsv1 set) and what arrives compressed is
-    inflated, by websockets' sans-I/O :class:`PerMessageDeflate` (context takeover kept)."""
+    inflated, by websockets' sans-I/O :class:`PerMessageDeflate` (context takeover kept);
+    without context takeover, a payload is inflated once for every connection it reaches."""
 
     __slots__ = ("deflate", "send_raw")
 
@@ -225,8 +231,16 @@ class DeflateConnection(Connection):
                 # own decoder, without building websockets Frames (RFC 7692 7.2.2: append
                 # the empty block's tail the sender removed)
                 if deflate.remote_no_context_takeover:
-                    deflate.decoder = zlib.decompressobj(wbits=-deflate.remote_max_window_bits)
-                payload = deflate.decoder.decompress(payload + _DEFLATE_TAIL, MAX_FRAME_BYTES)
+                    inflated = _inflated.get(payload)
+                    if inflated is None:
+                        if len(_inflated) >= _INFLATED_MAX:
+                            _inflated.clear()
+                        decoder = zlib.decompressobj(wbits=-deflate.remote_max_window_bits)
+                        inflated = decoder.decompress(payload + _DEFLATE_TAIL, MAX_FRAME_BYTES)
+                        _inflated[payload] = inflated
+                    payload = inflated
+                else:
+                    payload = deflate.decoder.decompress(payload + _DEFLATE_TAIL, MAX_FRAME_BYTES)
             else:
                 compressed = Frame(_OPCODES[frame.msg_type], payload, frame.fin, True)
                 payload = bytes(deflate.decode(compressed, max_size=MAX_FRAME_BYTES).data)

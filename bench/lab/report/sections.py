@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lab.ladder import delivered_label, floor_text
+from bench.lab.matrix import offers_deflate
 from bench.lab.plots import DRIVER_TITLES, Plot, StepKey, config_names
 from bench.lab.report.analysis import LATENCIES, RATIO_FIGURES, Analysis, Row
 from bench.lab.report.formatting import (
@@ -350,7 +351,10 @@ def limit_blocks(analysis: Analysis) -> list[Block]:
         key=lambda b: b[1].figures["delivered_per_s"].median,  # type: ignore[union-attr]
         default=None,
     )
-    deflated = {r.config for r in results.runs if r.env.get("WS_DEFLATE") == "on"}
+    # shared deflate's driver (fresh compression per send, each frame inflated once) is
+    # held to the ceiling measured with deflate too: the lower, so its knees are more
+    # readily lower bounds
+    deflated = {r.config for r in results.runs if offers_deflate(r.env)}
     table = []
     for config in config_names(results):
         # a deflate configuration is driven with deflate: its driver's ceiling is that one
