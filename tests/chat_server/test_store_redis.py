@@ -97,13 +97,13 @@ async def test_a_batch_runs_at_most_once_whatever_reaches_redis_again(
     store, _ = await open_store()
     client = connect_redis(redis_server.url)
     script = client.register_script(COMMIT_SCRIPT.source)
-    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9"]
+    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9", "chat:{r}:durable"]
 
     async def run(batch: int, *bodies: str) -> Any:
         entries = [f'["u","{body}",1,null]' for body in bodies]
         send_refs = [""] * len(bodies)
         return await script(
-            keys=keys, args=["chat:{r}", str(batch), "0", "0", *entries, *send_refs]
+            keys=keys, args=["chat:{r}", str(batch), "0", "0", "1", *entries, *send_refs]
         )
 
     assert await run(1, "a", "b") == b"1"
