@@ -8,33 +8,48 @@ stream loses history (a lost ``seq`` key alone is recovered from its stream's la
 Each room's keys, channel and stored entries are laid out by
 :mod:`chat_server.redis_rooms`.
 
-**One atomic step.** A batch from the group commit becomes one pipeline holding
-one ``EVALSHA`` per room; the script (:data:`COMMIT_SCRIPT`) numbers the
-room's messages from its ``seq`` key, appends them to the stream, trims it,
-records the commit marker and ``SPUBLISH``\\ es them to the room's channel as one
-payload ``M<first seq> [entry, ...]``. A script runs atomically, so every
-subscriber sees a room's messages in ``seq`` order with nothing between
-numbering and publishing, and a failed script numbers nothing (it checks that
-the stream accepts the first ID before it writes anything).
+**One atomic step.** A batch from the group commit becomes one pipeline per node
+(each primary of a cluster gets its rooms' share, on its own connection) holding one
+``EVALSHA`` per room; the script (:data:`COMMIT_SCRIPT`) numbers the room's messages
+from its ``seq`` key, appends them to the stream, trims it and records the commit
+marker. A script runs atomically and a failed one numbers nothing (it checks that the
+stream accepts the first ID before it writes anything).
 
-**Acks.** ``on_batch`` reports a message committed only after Redis answered the
-pipeline; broadcasting to this process's members is the broker's job (it hears
-the published payload). With ``appendfsync always`` Redis writes and fsyncs the
-AOF before it sends any reply or published message of that event-loop turn, so
-what was acked or seen survives a crash of Redis; with ``everysec`` up to about
-a second of acked messages can be lost when Redis itself (not the chat server)
-crashes; without AOF or RDB, a Redis restart loses the history.
+**Durable before seen.** Redis replicates asynchronously, so a primary that dies after
+answering loses what its replica had not received. With ``ack_replicas`` above 0
+(``REDIS_ACK_REPLICAS``) the node's pipeline ends with ``WAIT ack_replicas``
+:data:`ACK_WAIT_MS` on the same connection (``WAIT`` counts that connection's writes,
+and a script cannot call it); only when it confirms does a second script
+(:data:`PUBLISH_SCRIPT`) raise the room's durable ``seq`` and ``SPUBLISH`` the batch as
+one payload ``M<first seq> [entry, ...]``, and only then is it acked. Processes hear a
+room's batches published after ``WAIT``, possibly out of ``seq`` order; the feed fills
+what is missing from the stream, never past the durable ``seq`` (every write before a
+confirmed one is on the replicas too: replication keeps the primary's order), and
+``history`` reads no further. With 0, the commit script marks durable and publishes in
+the same atomic step.
 
-**Outages.** A pipeline that fails with a connection error is *in doubt*: its
-scripts may have run, or may still run. The store sends the same batch again,
-with backoff, for up to :data:`IN_DOUBT_WAIT_S`; the commit marker makes the
-script idempotent (a batch that ran already answers its first ``seq`` again and
-writes nothing; one older than the marker's is refused), so each message is
-stored once and acked as soon as Redis answers. Only if Redis stays away longer
-is the batch answered ``unavailable``, and then it may still be stored if the
-lost request reaches Redis before any later batch of this process does. While
-Redis is unreachable, ``submit`` raises ``StoreUnavailable`` at once, and a
-probe reconnects with backoff.
+**Acks.** ``on_batch`` reports a message committed only once it is durable as asked;
+broadcasting to this process's members is the broker's job (it hears the published
+payload). With ``appendfsync always`` Redis writes and fsyncs the AOF before it sends
+any reply or published message of that event-loop turn, so what was acked or seen
+survives a crash of Redis; with ``everysec`` up to about a second of acked messages can
+be lost when Redis itself crashes, unless a replica holds them (``WAIT``); without AOF,
+RDB or a replica, a Redis restart loses the history.
+
+**Outages.** A pipeline that fails with a connection error, a ``WAIT`` that finds fewer
+replicas than asked, and a room whose node answers ``MOVED``, ``ASK``, ``TRYAGAIN`` or
+``CLUSTERDOWN`` leave that room's share *in doubt*: its script may have run, or may
+still run. The store reads the slots again and sends the share again, with backoff,
+for up to :data:`IN_DOUBT_WAIT_S`; the commit marker makes the script idempotent (a
+batch that ran already answers its first ``seq`` again, stores nothing and writes only
+the marker's expiry, so the ``WAIT`` after it covers the first run; one older than the
+marker's is refused), so each message is stored once and acked as soon as it is
+durable. Only if that takes longer is the share answered ``unavailable``, and then it
+may still be stored (a retry with the same ``ref`` gets its ``seq``). So a primary with
+fewer replicas than asked (after a failover, until the old node rejoins) answers its
+rooms' sends ``unavailable`` rather than ack what one more failure would lose. While
+Redis is unreachable, ``submit`` raises ``StoreUnavailable`` at once, and a probe
+reconnects with backoff.
 """
 
 from __future__ import annotations
@@ -318,8 +333,6 @@ class RedisHistoryStore(LedgerStore):
         self._topology = topology
         self._ack_replicas = ack_replicas
         self._in_doubt_wait_s = in_doubt_wait_s
-        #: commits a node confirmed on fewer replicas than asked (each retry counts)
-        self.replicas_short = 0
         self._short: dict[str, bool] = {}
         self._writer_name = writer
         self._ledger = BatchLedger(on_batch)
@@ -493,11 +506,9 @@ class RedisHistoryStore(LedgerStore):
         return unsettled
 
     def _note_replicas(self, node: str, replicas: int, *, answered: bool) -> None:
-        """Count commits a node could not confirm on enough replicas; log when that starts
-        and ends."""
+        """Log when a node starts, and stops, confirming commits on fewer replicas than
+        asked."""
         short = answered and replicas < self._ack_replicas
-        if short:
-            self.replicas_short += 1
         if short != self._short.get(node, False):
             self._short[node] = short
             if short:
@@ -644,7 +655,8 @@ class RedisHistoryStore(LedgerStore):
         if isinstance(entries, Exception):
             raise StoreError(f"history store failed: {entries}")
         entries.reverse()  # a script's XREVRANGE: each entry's fields as a flat list
-        return stream_messages(room, [(eid, dict(zip(f[::2], f[1::2]))) for eid, f in entries])
+        pairs = [(eid, dict(zip(f[::2], f[1::2], strict=True))) for eid, f in entries]
+        return stream_messages(room, pairs)
 
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
