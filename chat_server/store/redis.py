@@ -194,6 +194,11 @@ for i = 1, #fresh do
       send_ref[2] .. ' ' .. string.format('%d', first + i - 1), 'EX', window)
   end
 end
+if ARGV[5] == '0' and #fresh > 0 and redis.call('EXISTS', KEYS[4]) == 0 then
+  -- the room's first commit that waits for replicas: what it held before stays readable
+  -- (it was acked without waiting), the new messages only once WAIT confirms them
+  redis.call('SET', KEYS[4], string.format('%d', first - 1))
+end
 local reply = table.concat(answer, ' ')
 redis.call('SET', KEYS[3], ARGV[2] .. ' ' .. reply, 'EX', 86400)
 if #fresh == 0 then return reply end
