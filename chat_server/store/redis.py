@@ -505,15 +505,16 @@ class RedisHistoryStore(LedgerStore):
                 unsettled.append(group)  # stored on the primary, not yet on its replicas
             else:
                 durable.append((group, _parse_answer(reply)))
-        self._note_replicas(node, replicas, answered=bool(durable) or len(unsettled) > 0)
+        ran = any(not isinstance(reply, Exception) for reply in replies)
+        self._note_replicas(node, replicas, ran=ran)
         if durable:
             unsettled.extend(await self._publish(client, durable))
         return unsettled
 
-    def _note_replicas(self, node: str, replicas: int, *, answered: bool) -> None:
+    def _note_replicas(self, node: str, replicas: int, *, ran: bool) -> None:
         """Log when a node starts, and stops, confirming commits on fewer replicas than
         asked."""
-        short = answered and replicas < self._ack_replicas
+        short = ran and replicas < self._ack_replicas
         if short != self._short.get(node, False):
             self._short[node] = short
             if short:
