@@ -9,6 +9,11 @@ Each room has these keys (the ``{room}`` hash tag keeps them in one slot):
     and ``XREVRANGE`` select by ``seq`` and ``XTRIM MINID`` keeps the newest
     ``HISTORY_MAX`` exactly; one field ``m``, the message as a JSON array
     ``[user, body, ts, ref]``;
+``chat:{room}:durable``
+    the highest ``seq`` known to be held by as many replicas as ``REDIS_ACK_REPLICAS``
+    asks (set after ``WAIT`` confirmed it; with 0 replicas, with the commit): nothing
+    above it is published, read back into a feed's gap or returned by ``history``.
+    Missing in a room written before it existed: the ``seq`` key stands in;
 ``chat:{room}:commit:<writer>``
     the last batch this process committed to the room (``"<batch> <first seq>"``,
     expiring after a day): it makes each batch run at most once (see Outages);
@@ -21,8 +26,9 @@ Each room has these keys (the ``{room}`` hash tag keeps them in one slot):
     the room's shared presence (see :mod:`chat_server.broker.presence`),
 
 and a sharded pub/sub channel ``chat:{room}`` (:func:`room_channel`, in the room's
-slot) on which the store's commit script ``SPUBLISH``\\ es each batch as ``M<first
-seq> [entry, ...]``. No command and no script touches two rooms, so every room may
+slot) on which the store ``SPUBLISH``\\ es each batch, once durable, as ``M<first seq>
+[entry, ...]`` (and ``D<seq>`` when only the durable mark rose: a retried batch whose
+messages were stored before). No command and no script touches two rooms, so every room may
 live on its own node of a Redis Cluster; every key a script touches is one of its
 ``KEYS``. Also here: the client both share (:func:`connect_redis`: one Redis or a
 cluster, never retrying by itself), scripts that load themselves again where a node
@@ -89,6 +95,11 @@ def send_ref_prefix(room: str) -> str:
     """The prefix of ``room``'s send-ref keys: ``<prefix><user> <ref>`` holds
     ``"<body digest> <seq>"`` for ``SEND_REF_WINDOW_S`` (idempotent sends)."""
     return f"chat:{{{room}}}:ref:"
+
+
+def durable_key(room: str) -> str:
+    """The key holding the highest ``seq`` of ``room`` its replicas are known to hold."""
+    return f"chat:{{{room}}}:durable"
 
 
 def commit_key(room: str, writer: str) -> str:

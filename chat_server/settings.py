@@ -52,6 +52,20 @@ def _redis_url(raw: str) -> str:
     return ",".join(seeds)
 
 
+#: most replicas REDIS_ACK_REPLICAS may ask for (a primary with more is rare)
+ACK_REPLICAS_MAX = 8
+
+
+def _ack_replicas(raw: str) -> int | None:
+    """``auto`` (None: 0 on one Redis, 1 on a cluster) or how many replicas, 0-8."""
+    value = raw.strip().lower()
+    if value == "auto":
+        return None
+    if value.isdigit() and int(value) <= ACK_REPLICAS_MAX:
+        return int(value)
+    raise ValueError(f"allowed: auto, or 0 to {ACK_REPLICAS_MAX}")
+
+
 ASYMMETRIC_JWT_ALGORITHMS = ("EdDSA", "ES256", "ES384", "ES512", "RS256", "RS384", "RS512", "PS256")
 
 
@@ -175,6 +189,15 @@ SPECS: tuple[Spec, ...] = (
         on_off,
         "with BROKER=redis: off (one Redis at REDIS_URL) or on (a Redis Cluster: rooms spread"
         " over its primaries by slot, sharded pub/sub on each room's node)",
+    ),
+    Spec(
+        "REDIS_ACK_REPLICAS",
+        "redis_ack_replicas",
+        "auto",
+        _ack_replicas,
+        "with BROKER=redis: replicas that must hold a commit (Redis WAIT) before it is acked"
+        " or delivered; auto: 0 on one Redis, 1 with REDIS_CLUSTER=on. A shard with fewer"
+        " answers sends to its rooms unavailable",
     ),
     Spec(
         "PRESENCE_LEASE_S",
@@ -490,6 +513,7 @@ class Settings(SpecSettings):
     broker: str
     redis_url: str
     redis_cluster: bool
+    redis_ack_replicas: int | None
     presence_lease_s: float
     chat_db: str
     chat_db_synchronous: str
@@ -597,6 +621,13 @@ class Settings(SpecSettings):
             raise SettingError("PING_TIMEOUT_S", "0", "must be above 0 while PING_INTERVAL_S is on")
 
     @property
+    def ack_replicas(self) -> int:
+        """Replicas each commit waits for: ``REDIS_ACK_REPLICAS``, ``auto`` resolved."""
+        if self.redis_ack_replicas is not None:
+            return self.redis_ack_replicas
+        return 1 if self.redis_cluster else 0
+
+    @property
     def store_commit_place(self) -> str:
         """Where SQLite group commits run: ``loop`` or ``thread`` (``auto`` resolved by
         :func:`~chat_server.store.sqlite_policy.commit_place`)."""
@@ -612,6 +643,7 @@ class Settings(SpecSettings):
             + (
                 f"store=redis{'-cluster' if self.redis_cluster else ''}:"
                 f"{_redis_location(self.redis_url.split(',')[0])}"
+                f" ack_replicas={self.ack_replicas}"
                 if self.broker == "redis"
                 else f"store=sqlite:{self.chat_db} synchronous={self.chat_db_synchronous}"
                 f" commit={self.store_commit_place}"

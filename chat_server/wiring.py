@@ -136,8 +136,8 @@ def _redis_backend(
     """BROKER=redis: Redis history and broker on one client (many processes or machines)."""
     # imported only when chosen: the redis client is not loaded for one process
     from chat_server.broker.redis import RedisBroker  # noqa: PLC0415
-    from chat_server.broker.shards import ClusterSlots, OneRedis  # noqa: PLC0415
     from chat_server.delivery.shared import SharedDelivery  # noqa: PLC0415
+    from chat_server.redis_nodes import ClusterSlots, OneRedis  # noqa: PLC0415
     from chat_server.redis_rooms import connect_redis  # noqa: PLC0415
     from chat_server.store.redis import RedisHistoryStore  # noqa: PLC0415
 
@@ -157,6 +157,8 @@ def _redis_backend(
         history_max=settings.history_max,
         commit_seconds=counters.commit_seconds,
         send_ref_window_s=settings.send_ref_window_s,
+        topology=topology,
+        ack_replicas=settings.ack_replicas,
     )
     broker = RedisBroker(
         client=client, topology=topology, worker=worker.id, lease_s=settings.presence_lease_s

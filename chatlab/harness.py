@@ -277,6 +277,13 @@ class RedisProcess(ServiceProcess):
                 f"nodes-{self.port}.conf",
                 "--cluster-node-timeout",
                 str(CLUSTER_NODE_TIMEOUT_MS),
+                # each room lives in one slot and nothing spans two: the rooms of the
+                # shards that are up keep working while one shard fails over
+                "--cluster-require-full-coverage",
+                "no",
+                # a replica syncs at once (not 5 s later, waiting for others to share an RDB)
+                "--repl-diskless-sync-delay",
+                "0",
             ]
             if self.cluster_port
             else []
@@ -348,6 +355,8 @@ class RedisClusterProcesses:
 
     def __init__(self, workdir: Path, *, primaries: int = 3, appendonly: bool = False) -> None:
         self.workdir = workdir
+        #: nodes stopped by :meth:`freeze` (not asked anything until thawed)
+        self.frozen: set[RedisProcess] = set()
         # with appendonly: Redis' default AOF policy (everysec), as the lab runs one Redis
         self.nodes = []
         for i in range(primaries * 2):
@@ -380,16 +389,23 @@ class RedisClusterProcesses:
         return self
 
     def wait_ok(self, timeout_s: float = 60) -> None:
-        """Wait until every live node reports ``cluster_state:ok`` and agrees on the slots."""
+        """Wait until every live node reports ``cluster_state:ok`` and agrees on the slots,
+        and every replica's link to its primary is up (a replica that never synced would
+        not fail over)."""
         deadline = time.monotonic() + timeout_s
         states: set[str] = set()
         shards: set[str] = set()
         while True:
             try:
-                live = [node for node in self.nodes if node.proc and node.proc.poll() is None]
+                live = self.live()
                 states = {node.call("cluster", "info").split()[0] for node in live}
                 shards = {_slot_owners(node.call("cluster", "slots")) for node in live}
-                if states == {"cluster_state:ok"} and len(shards) == 1:
+                synced = all(
+                    "master_link_status:up" in info
+                    for info in (node.call("info", "replication") for node in live)
+                    if "role:slave" in info
+                )
+                if states == {"cluster_state:ok"} and len(shards) == 1 and synced:
                     return
             except (RuntimeError, subprocess.TimeoutExpired):
                 pass
@@ -397,12 +413,20 @@ class RedisClusterProcesses:
                 raise RuntimeError(f"the Redis Cluster did not become ok: {states} {shards}")
             time.sleep(0.1)
 
+    def live(self) -> list[RedisProcess]:
+        """The nodes running and not frozen."""
+        return [
+            node
+            for node in self.nodes
+            if node.proc and node.proc.poll() is None and node not in self.frozen
+        ]
+
     def primary_of(self, slot: int) -> RedisProcess:
-        """The node serving ``slot`` now."""
-        node = self.nodes[0].call("cluster", "nodes")
+        """The node serving ``slot`` now (as the first live node sees it)."""
+        node = self.live()[0].call("cluster", "nodes")
         for line in node.splitlines():
             fields = line.split()
-            if "master" not in fields[2] or "fail" in fields[2]:
+            if "master" not in fields[2] or "fail" in fields[2].replace("fail?", ""):
                 continue
             for part in fields[8:]:
                 start, _, end = part.partition("-")
@@ -411,17 +435,45 @@ class RedisClusterProcesses:
                     return next(n for n in self.nodes if n.port == port)
         raise RuntimeError(f"no primary serves slot {slot}")
 
+    def wait_promoted(self, slot: int, old: RedisProcess, timeout_s: float = 30) -> RedisProcess:
+        """Wait until a node other than ``old`` serves ``slot`` (its replica was promoted)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with suppress(RuntimeError, subprocess.TimeoutExpired, StopIteration):
+                primary = self.primary_of(slot)
+                if primary is not old:
+                    return primary
+            time.sleep(0.1)
+        raise RuntimeError(f"slot {slot} was not failed over in {timeout_s} s")
+
+    def wait_replicated(self, primary: RedisProcess, timeout_s: float = 60) -> None:
+        """Wait until ``primary`` has a replica online again (an old node rejoined)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with suppress(RuntimeError, subprocess.TimeoutExpired):
+                info = primary.call("info", "replication")
+                if "state=online" in info:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"no replica of {primary.port} came online in {timeout_s} s")
+
+    def freeze(self, node: RedisProcess) -> None:
+        """SIGSTOP ``node``: alive, holding its sockets, answering nothing."""
+        node.signal(signal.SIGSTOP)
+        self.frozen.add(node)
+
+    def thaw(self, node: RedisProcess) -> None:
+        """SIGCONT a frozen ``node``."""
+        node.signal(signal.SIGCONT)
+        self.frozen.discard(node)
+
     def node_id(self, node: RedisProcess) -> str:
         """The cluster's ID of ``node``."""
         return node.call("cluster", "myid").strip()
 
     def primaries(self) -> list[RedisProcess]:
         """The live nodes that are primaries now."""
-        return [
-            node
-            for node in self.nodes
-            if node.proc and node.proc.poll() is None and node.call("role").startswith("master")
-        ]
+        return [node for node in self.live() if node.call("role").startswith("master")]
 
     def flush(self) -> None:
         """Delete every key on every primary (their replicas follow)."""
@@ -470,6 +522,7 @@ class RedisClusterProcesses:
         """SIGKILL every node."""
         for node in self.nodes:
             node.kill()
+        self.frozen.clear()
 
 
 def _slot_owners(cluster_slots: str) -> str:

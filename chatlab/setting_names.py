@@ -57,6 +57,7 @@ CHAT_SERVER = frozenset(
         "PROFILE_RUN",
         "RATE_LIMIT_BURST",
         "RATE_LIMIT_PER_S",
+        "REDIS_ACK_REPLICAS",
         "REDIS_CLUSTER",
         "REDIS_URL",
         "REGRESSION",

@@ -95,17 +95,28 @@ class RoomFeed:
     # ---- snapshots ---------------------------------------------------------------------
 
     def snapshot(
-        self, last_seq: int, version: int, counts: Mapping[str, int], mine: Collection[str]
+        self,
+        last_seq: int,
+        version: int,
+        counts: Mapping[str, int],
+        mine: Collection[str],
+        stored_seq: int | None = None,
     ) -> None:
         """Apply the room's state read after subscribing (or resubscribing).
 
-        The first snapshot sets where delivery starts; a later one opens a gap up
-        to ``last_seq`` if messages were missed. The member set is replaced and
-        its differences announced.
+        ``last_seq`` is the room's durable seq, ``stored_seq`` (default: the same) its
+        last stored one. The first snapshot sets where delivery starts; a later one
+        opens a gap up to ``last_seq`` if messages were missed. A durable seq below what
+        was delivered here while the store holds it (a durable mark lost in a failover)
+        changes nothing; a stored seq below it is data lost. The member set is replaced
+        and its differences announced.
         """
+        stored = last_seq if stored_seq is None else stored_seq
         if not self.synced:
             self.synced = True
             self.last_seq = self.fill_upto = last_seq
+        elif last_seq < self.last_seq <= stored:
+            pass
         elif last_seq < self.last_seq:
             log.error(
                 "room %s: the shared store's seq went back from %d to %d (Redis lost data?); "
@@ -146,6 +157,11 @@ class RoomFeed:
             self._held.extend(batch)
             return
         self._run(batch)
+
+    def durable(self, seq: int) -> None:
+        """Messages up to ``seq`` became durable without being published: read them back."""
+        if self.synced and seq > self.fill_upto:
+            self.fill_upto = seq
 
     def fill_page(self, page: list[Message]) -> None:
         """Deliver messages read from the store for the gap (ascending; trimmed ones missing)."""

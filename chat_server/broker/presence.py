@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from chat_server.redis_rooms import Script, room_channel, seq_key
+from chat_server.redis_rooms import Script, durable_key, room_channel, seq_key
 
 
 def presence_keys(room: str) -> list[str]:
@@ -147,14 +147,17 @@ return {released, missing}
 """
 )
 
-#: KEYS[5] the room's seq; ARGV: channel, process. Releases expired processes, then
-#: returns {seq, presence version, users (flat: user, count, ...), users this process holds}.
+#: KEYS[5] the room's seq, KEYS[6] its durable seq; ARGV: channel, process. Releases
+#: expired processes, then returns {durable seq (the seq of a room written before the
+#: durable seq existed), presence version, users (flat: user, count, ...), users this
+#: process holds, seq}.
 SNAPSHOT: Final = Script(
     _LIB
     + """
 sweep(now_ms())
-return {redis.call('GET', KEYS[5]) or '0', redis.call('GET', VERSION) or '0',
-  redis.call('HGETALL', USERS), holding(ARGV[2])}
+local seq = redis.call('GET', KEYS[5]) or '0'
+return {redis.call('GET', KEYS[6]) or seq, redis.call('GET', VERSION) or '0',
+  redis.call('HGETALL', USERS), holding(ARGV[2]), seq}
 """
 )
 
@@ -173,4 +176,5 @@ def renew_call(room: str, worker: str, lease_ms: int) -> tuple[Script, list[str]
 
 def snapshot_call(room: str, worker: str) -> tuple[Script, list[str], list[str]]:
     """The :data:`SNAPSHOT` call of ``room`` for ``worker``."""
-    return SNAPSHOT, [*presence_keys(room), seq_key(room)], [room_channel(room), worker]
+    keys = [*presence_keys(room), seq_key(room), durable_key(room)]
+    return SNAPSHOT, keys, [room_channel(room), worker]

@@ -50,8 +50,9 @@ from redis.exceptions import RedisError
 from chat_server.broker.base import Broker, BrokerListener
 from chat_server.broker.feed import RoomFeed
 from chat_server.broker.presence import presence_call, renew_call, snapshot_call
-from chat_server.broker.shards import ShardedSubscriptions, Topology
+from chat_server.broker.shards import ShardedSubscriptions
 from chat_server.errors import BrokerUnavailable
+from chat_server.redis_nodes import Topology
 from chat_server.redis_rooms import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -294,9 +295,11 @@ class RedisBroker(Broker):
             entry.snapshotting = False
         if self._rooms.get(room) is not entry:
             return
-        seq, version, flat, mine = reply
+        durable, version, flat, mine, stored = reply
         counts = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
-        entry.feed.snapshot(int(seq), int(version), counts, {user.decode() for user in mine})
+        entry.feed.snapshot(
+            int(durable), int(version), counts, {user.decode() for user in mine}, int(stored)
+        )
         self._after_feed(entry)
         if entry.stale:
             self._resubscribed(room)
@@ -367,8 +370,11 @@ class RedisBroker(Broker):
         entry = self._rooms.get(room)
         if entry is None:
             return
-        if data[:1] == b"M":
+        kind = data[:1]
+        if kind == b"M":
             entry.feed.messages(decode_published(room, data))
+        elif kind == b"D":  # stored before, durable now: read back into the feed
+            entry.feed.durable(int(data[1:]))
         else:  # P<version> +user <count> <process> / -user <count> <process>
             head, change, count, worker = data.split(b" ", 3)
             entry.feed.presence(

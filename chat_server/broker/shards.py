@@ -29,123 +29,30 @@ have been missed meanwhile, and that is exactly what the broker must know.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any
 
-from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import MovedError, RedisError, ResponseError
 
 from chat_server.errors import BrokerUnavailable
+from chat_server.redis_nodes import Topology
 from chat_server.redis_rooms import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
     CLOSE_WAIT_S,
     CONNECTION_ERRORS,
     channel_room,
-    connect_redis,
-    node_url,
     raise_if_cancelled,
     room_channel,
 )
 
 log = logging.getLogger("chat_server.broker")
-
-#: the node name a single Redis is known by
-ONE_NODE: Final = "redis"
-
-
-class Topology(Protocol):
-    """Where each channel is served, and a client for each node."""
-
-    def node_of(self, channel: str) -> str:
-        """The name of the node serving ``channel`` (as last read)."""
-
-    async def refresh(self) -> None:
-        """Read which node serves which slot again (raises connection errors)."""
-
-    def client(self, node: str) -> Redis:
-        """A client of ``node`` (subscriptions get their own connection from it)."""
-
-
-class OneRedis:
-    """A single Redis: one node serving every channel."""
-
-    def __init__(self, client: Redis) -> None:
-        self._client = client
-
-    def node_of(self, channel: str) -> str:
-        """Always the one node."""
-        return ONE_NODE
-
-    async def refresh(self) -> None:
-        """Nothing moves on one Redis."""
-
-    def client(self, node: str) -> Redis:
-        """The shared client."""
-        return self._client
-
-
-class ClusterSlots:
-    """A Redis Cluster's slots as ``CLUSTER SLOTS`` last told, and a client per primary."""
-
-    def __init__(self, cluster: RedisCluster, url: str) -> None:
-        self._cluster = cluster
-        self._url = url
-        #: sorted slot-range starts, and for each range its end and primary ("host:port")
-        self._starts: list[int] = []
-        self._ranges: list[tuple[int, str]] = []
-        self._clients: dict[str, Redis] = {}
-
-    def node_of(self, channel: str) -> str:
-        """The primary serving ``channel``'s slot ("" if no node serves it)."""
-        slot = key_slot(channel.encode())
-        index = bisect.bisect_right(self._starts, slot) - 1
-        if index < 0:
-            return ""
-        end, node = self._ranges[index]
-        return node if slot <= end else ""
-
-    async def refresh(self) -> None:
-        """Ask the nodes the cluster client knows, one after another, until one answers."""
-        error: BaseException | None = None
-        nodes = self._cluster.get_nodes()
-        random.shuffle(nodes)
-        for node in nodes:
-            try:
-                slots = await self._cluster.cluster_slots(target_nodes=node)
-            except (*CONNECTION_ERRORS, RedisError) as exc:
-                error = exc
-                continue
-            table = sorted(
-                (start, end, f"{primary['primary'][0]}:{primary['primary'][1]}")
-                for (start, end), primary in slots.items()
-            )
-            self._starts = [start for start, _, _ in table]
-            self._ranges = [(end, node) for _, end, node in table]
-            return
-        raise BrokerUnavailable(f"no cluster node answered CLUSTER SLOTS: {error!r}")
-
-    def client(self, node: str) -> Redis:
-        """A client of ``node`` with the seeds' credentials."""
-        found = self._clients.get(node)
-        if found is None:
-            host, _, port = node.rpartition(":")
-            found = self._clients[node] = connect_redis(node_url(self._url, host, int(port)))  # type: ignore[assignment]
-        return found  # type: ignore[return-value]
-
-    async def close(self) -> None:
-        """Close the per-node clients."""
-        for client in self._clients.values():
-            with contextlib.suppress(RedisError, OSError):
-                await client.aclose()
 
 
 class _Sub:

@@ -262,3 +262,17 @@ def test_auth_inline_without_the_auth_services_key_exits_2(tmp_path: Path, keys:
     result = _run(env, tmp_path)
     assert result.returncode == 2, result.stderr
     assert "JWT_PRIVATE_KEY" in result.stderr.strip().splitlines()[-1]
+
+
+def test_ack_replicas_default_to_one_on_a_cluster_and_none_on_one_redis():
+    cluster = {"BROKER": "redis", "REDIS_CLUSTER": "on", "REDIS_URL": "redis://10.0.0.1:7000"}
+    assert Settings.from_mapping({"BROKER": "redis"}).ack_replicas == 0
+    assert Settings.from_mapping(cluster).ack_replicas == 1
+    assert Settings.from_mapping({**cluster, "REDIS_ACK_REPLICAS": "0"}).ack_replicas == 0
+    one = Settings.from_mapping({"BROKER": "redis", "REDIS_ACK_REPLICAS": "2"})
+    assert one.ack_replicas == 2
+    assert "ack_replicas=2" in one.summary()
+    for bad in ("-1", "9", "one", "1.5"):
+        with pytest.raises(SettingError) as refused:
+            Settings.from_mapping({"REDIS_ACK_REPLICAS": bad})
+        assert refused.value.name == "REDIS_ACK_REPLICAS"

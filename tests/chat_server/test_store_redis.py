@@ -97,13 +97,13 @@ async def test_a_batch_runs_at_most_once_whatever_reaches_redis_again(
     store, _ = await open_store()
     client = connect_redis(redis_server.url)
     script = client.register_script(COMMIT_SCRIPT.source)
-    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9"]
+    keys = ["chat:{r}:seq", "chat:{r}:log", "chat:{r}:commit:w9", "chat:{r}:durable"]
 
     async def run(batch: int, *bodies: str) -> Any:
         entries = [f'["u","{body}",1,null]' for body in bodies]
         send_refs = [""] * len(bodies)
         return await script(
-            keys=keys, args=["chat:{r}", str(batch), "0", "0", *entries, *send_refs]
+            keys=keys, args=["chat:{r}", str(batch), "0", "0", "1", *entries, *send_refs]
         )
 
     assert await run(1, "a", "b") == b"1"
@@ -166,3 +166,33 @@ async def test_without_a_window_refs_are_not_keys(open_store: StoreFactory):
         store.submit(make_message(body="hello", ref="c-1"), None)
     await store.flush()
     assert [m.seq for r in results for m, _ in r.items] == [1, 2]
+
+
+async def test_too_few_replicas_stores_but_neither_publishes_nor_acks_until_one_holds_it(
+    open_store: StoreFactory, redis_server: RedisProcess, start_redis: Callable[..., RedisProcess]
+):
+    store, results = await open_store(ack_replicas=1, in_doubt_wait_s=1.5, send_ref_window_s=60)
+    listener = connect_redis(redis_server.url).pubsub()
+    await listener.ssubscribe("chat:{lobby}")
+    store.submit(make_message(body="waits", ref="r1"), None)
+    await store.flush()  # WAIT finds no replica: in doubt, then unavailable
+    assert isinstance(results[-1].error, StoreUnavailable)
+    assert await store.history("lobby", None, 10) == []  # stored, but not durable
+    assert redis_server.call("get", "chat:{lobby}:durable").strip() == "0"
+
+    replica = start_redis()
+    replica.call("replicaof", "127.0.0.1", str(redis_server.port))
+    while "master_link_status:up" not in replica.call("info", "replication"):
+        await asyncio.sleep(0.05)
+    store.submit(make_message(body="waits", ref="r1"), None)  # the client's retry
+    await store.flush()
+    assert results[-1].error is None
+    assert [(m.seq, m.ref) for m, _ in results[-1].items] == [(1, "r1")]  # stored once
+    assert [m.body for m in await store.history("lobby", None, 10)] == ["waits"]
+    # nothing was published while it was not durable; then only that it is ("D1")
+    published = []
+    while (heard := await listener.get_message(timeout=0.5)) is not None:
+        if heard["type"] == "smessage":
+            published.append(heard["data"])
+    assert published == [b"D1"]
+    await listener.aclose()
