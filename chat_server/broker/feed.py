@@ -94,6 +94,10 @@ class RoomFeed:
 
     # ---- snapshots ---------------------------------------------------------------------
 
+    def position(self) -> tuple[int, int]:
+        """``(last_seq, version)`` applied so far: what a snapshot asked for now must reach."""
+        return self.last_seq, self.version
+
     def snapshot(
         self,
         last_seq: int,
@@ -101,29 +105,37 @@ class RoomFeed:
         counts: Mapping[str, int],
         mine: Collection[str],
         stored_seq: int | None = None,
+        *,
+        asked_at: tuple[int, int] | None = None,
     ) -> None:
         """Apply the room's state read after subscribing (or resubscribing).
 
         ``last_seq`` is the room's durable seq, ``stored_seq`` (default: the same) its
         last stored one. The first snapshot sets where delivery starts; a later one
-        opens a gap up to ``last_seq`` if messages were missed. A durable seq below what
-        was delivered here while the store holds it (a durable mark lost in a failover)
-        changes nothing; a stored seq below it is data lost. The member set is replaced
-        and its differences announced.
+        opens a gap up to ``last_seq`` if messages were missed. The member set is
+        replaced and its differences announced.
+
+        ``asked_at`` is :meth:`position` when the snapshot was asked for (None: now).
+        The snapshot was read at some moment after that, so it holds at least that
+        much; the feed may have gone further meanwhile on what the subscription
+        heard, and a snapshot behind that is older, not a loss: its ``seq`` then opens
+        no gap and its member set does not replace the newer one. A durable seq below
+        what was delivered here (a durable mark lost in a failover) opens no gap
+        either. Only a stored seq behind ``asked_at`` means the room went back (Redis
+        lost data): delivery continues from the durable seq.
         """
         stored = last_seq if stored_seq is None else stored_seq
+        asked_seq, asked_version = self.position() if asked_at is None else asked_at
         if not self.synced:
             self.synced = True
             self.last_seq = self.fill_upto = last_seq
-        elif last_seq < self.last_seq <= stored:
-            pass
-        elif last_seq < self.last_seq:
+        elif stored < asked_seq:
             log.error(
                 "room %s: the shared store's seq went back from %d to %d (Redis lost data?); "
                 "continuing from %d",
                 self.room,
-                self.last_seq,
-                last_seq,
+                asked_seq,
+                stored,
                 last_seq,
             )
             jumped_from = self.last_seq
@@ -132,22 +144,29 @@ class RoomFeed:
             self._jumped(self.room, jumped_from)
         else:
             self.fill_upto = max(self.fill_upto, last_seq)
+        if not asked_version <= version < self.version:  # else the live set is newer
+            self._replace_members(version, counts, mine)
+        self.needs_snapshot = False
+        held, self._held_presence = self._held_presence, []
+        for held_version, user, arrived, count, by_me in held:
+            self.presence(held_version, user, arrived, count, by_me)
+        self._release_held()
+
+    def _replace_members(
+        self, version: int, counts: Mapping[str, int], mine: Collection[str]
+    ) -> None:
+        """Take a snapshot's member set as of ``version``, announcing the differences."""
         old = self.members
         self.counts = {user: count for user, count in counts.items() if count > 0}
         self.mine = set(mine)
         self.members = dict.fromkeys(user for user in self.counts if self._elsewhere(user))
         self.version = version
-        self.needs_snapshot = False
         for user in old:
             if user not in self.members:
                 self._announce(self.room, user, False)
         for user in self.members:
             if user not in old:
                 self._announce(self.room, user, True)
-        held, self._held_presence = self._held_presence, []
-        for held_version, user, arrived, count, by_me in held:
-            self.presence(held_version, user, arrived, count, by_me)
-        self._release_held()
 
     # ---- messages --------------------------------------------------------------------
 

@@ -287,6 +287,8 @@ class RedisBroker(Broker):
         room = entry.feed.room
         entry.snapshotting = True
         entry.stale = False
+        # messages and presence heard while the reply is on its way may be newer than it
+        asked_at = entry.feed.position()
         try:
             (reply,) = await run_scripts(self._client, [snapshot_call(room, self._worker)])
             if isinstance(reply, Exception):
@@ -297,8 +299,9 @@ class RedisBroker(Broker):
             return
         durable, version, flat, mine, stored = reply
         counts = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        mine_users = {user.decode() for user in mine}
         entry.feed.snapshot(
-            int(durable), int(version), counts, {user.decode() for user in mine}, int(stored)
+            int(durable), int(version), counts, mine_users, int(stored), asked_at=asked_at
         )
         self._after_feed(entry)
         if entry.stale:

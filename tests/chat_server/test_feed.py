@@ -79,6 +79,45 @@ def test_a_resnapshot_after_a_reconnect_opens_the_gap_of_what_was_missed():
     assert rec.delivered == [4, 5, 6, 7]
 
 
+def test_a_resnapshot_older_than_what_was_heard_meanwhile_delivers_nothing_twice():
+    # the subscription moved to the slot's new node and heard 50 there before the reply
+    # of the snapshot asked for at 49 came back: read before 50 was committed, it says 49
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(48, 0, {}, ())
+    feed.messages([msg(49)])
+    asked_at = feed.position()
+    feed.messages([msg(50)])
+    feed.snapshot(49, 0, {}, (), asked_at=asked_at)
+    assert feed.gap is None and rec.jumps == []
+    feed.messages([msg(51), msg(52)])
+    assert rec.delivered == [49, 50, 51, 52]
+
+
+def test_a_resnapshot_behind_what_was_delivered_when_it_was_asked_for_goes_back():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(9, 0, {}, ())
+    asked_at = feed.position()
+    feed.snapshot(7, 0, {}, (), asked_at=asked_at)  # Redis lost 8 and 9
+    assert feed.last_seq == 7 and rec.jumps == [9]
+    feed.messages([msg(8)])
+    assert rec.delivered == [8]
+
+
+def test_a_resnapshot_older_than_the_presence_heard_meanwhile_keeps_the_newer_members():
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(0, 1, {"bob": 1}, ())
+    asked_at = feed.position()
+    feed.presence(2, "carol", True, 1, False)  # heard before the snapshot's reply
+    feed.snapshot(0, 1, {"bob": 1}, (), asked_at=asked_at)
+    assert rec.announced == [("bob", True), ("carol", True)]
+    assert list(feed.members) == ["bob", "carol"] and feed.version == 2
+    feed.presence(3, "bob", False, 0, False)
+    assert not feed.needs_snapshot and rec.announced[-1] == ("bob", False)
+
+
 def test_presence_applies_in_version_order_and_a_skip_asks_for_a_snapshot():
     rec = Recorder()
     feed = rec.feed()
