@@ -135,6 +135,17 @@ class Talker:
             finally:
                 reader.cancel()
 
+    async def catch_up(self, last_seq: int, within_s: float = 10.0) -> None:
+        """Read on until the room's last stored message arrived: a talker stops reading
+        once its own sends are acked, before the last sends of the others may reach it."""
+        assert self.client is not None
+        deadline = time.monotonic() + within_s
+        while max(self.delivered, default=0) < last_seq and time.monotonic() < deadline:
+            try:
+                self.heard(await self.client.recv(timeout_s=deadline - time.monotonic()))
+            except TimeoutError:
+                return
+
     async def _read(self, client: Client) -> None:
         while True:
             self.heard(await client.recv(timeout_s=3600))
@@ -191,6 +202,7 @@ async def under_fault(
         )
         doubled += len(bodies) - len(set(bodies))
         for t in members:
+            await t.catch_up(max(by_seq, default=0))
             sent += len(t.bodies)
             acked += len(t.acked)
             assert not t.two_bodies, (t.user, t.two_bodies[:5])
