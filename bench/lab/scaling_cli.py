@@ -70,7 +70,7 @@ def bytes_per_connection(connections: int) -> float:
     from bench.memory import measure
 
     with tempfile.TemporaryDirectory(prefix="chatlab-scaling-mem-") as tmp:
-        found = asyncio.run(measure(False, connections, "orjson", Path(tmp)))
+        found = asyncio.run(measure("off", "idle", connections, "orjson", Path(tmp)))
     return float(found["bytes_per_connection"])
 
 
