@@ -27,7 +27,7 @@ from bench.lab.scaling import (
     redis_us_per_message,
     tier_us_per_frame,
 )
-from bench.lab.scaling_cli import logins_per_cpu_s
+from bench.lab.scaling_cli import bytes_per_connection, logins_per_cpu_s
 from chatlab.setting_names import CHAT_SERVER
 from tests.bench.conftest import given, hand_parts
 
@@ -235,3 +235,10 @@ def test_logins_per_cpu_second_use_the_auth_services_configured_cost() -> None:
     rate, cost = logins_per_cpu_s(0.05, cheap)
     assert cost == "argon2id t=1 m=1024 KiB p=1"
     assert rate > 0
+
+
+def test_memory_per_connection_comes_from_a_real_server() -> None:
+    """The scaling run's memory step drives bench.memory as it is now (a real server with
+    real connections): a figure, not a crash."""
+    per = bytes_per_connection(100)
+    assert 0 < per < 1 << 20
