@@ -97,10 +97,19 @@ def _settled_rss(proc: psutil.Process, settle_s: float = 1.0) -> int:
 
 
 async def measure(
-    deflate: str, traffic: str, connections: int, serializer: str, workdir: Path
+    deflate: str,
+    traffic: str,
+    connections: int,
+    serializer: str,
+    workdir: Path,
+    *,
+    settings: dict[str, str] | None = None,
 ) -> dict:
     """Start a server with ``WS_DEFLATE=deflate``; RSS before and after ``connections``
-    connections (``traffic`` ``after``: once they have talked), and bytes per connection."""
+    connections (``traffic`` ``after``: once they have talked), and bytes per connection.
+
+    ``settings`` (``.env`` names) go to the server over these: the lab measures a
+    configuration with its own toggles (transport, event loop ...)."""
     if traffic == "after" and connections % ROOM_SIZE:
         raise ValueError(f"after traffic: --connections must be a multiple of {ROOM_SIZE}")
     keys = KeyPair(workdir)
@@ -110,12 +119,13 @@ async def measure(
         serializer=serializer,
         event_loop="uvloop",
         ws_deflate=deflate,
+        log_level="warning",
+        **(settings or {}),
         max_connections=connections + 100,
         store_queue_max=connections + 100,  # every connection's send may wait at once
-        log_level="warning",
     )
     server.start()
-    codec = get_codec(serializer)
+    codec = get_codec(server.serializer)
     try:
         assert server.proc is not None
         proc = psutil.Process(server.proc.pid)

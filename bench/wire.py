@@ -34,8 +34,9 @@ from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFact
 from websockets.frames import CTRL_OPCODES, Frame
 from websockets.typing import ExtensionParameter
 
-from bench.lab.driver.frames import DIGITS, MARKER
+from bench.lab.driver.frames import DIGITS, MARKER, header_bytes
 from chat_server.codecs import get_codec
+from chat_server.codecs.base import Codec
 from chat_server.messages import Join, Joined, Message, Send
 from chatlab.harness import KeyPair, ServerProcess
 
@@ -52,11 +53,6 @@ _WORD_TEXT = (
     "give day most us meeting tomorrow lunch deploy server message room latency queue"
 )
 WORDS = _WORD_TEXT.split()
-
-
-def header_bytes(payload_bytes: int) -> int:
-    """The websocket header of an unmasked frame with this payload (server to client)."""
-    return 2 if payload_bytes < 126 else 4 if payload_bytes < 65536 else 10
 
 
 def bodies(kind: str, count: int, seed: int) -> list[str]:
@@ -121,14 +117,34 @@ async def _read(conn: ClientConnection, decode: Callable, count: int) -> list[in
     return sizes
 
 
-async def measure(deflate: str, rooms: int, messages: int, workdir: Path) -> list[dict]:
-    """Bytes per delivered message for each body set, against ``WS_DEFLATE=deflate``."""
+def _payload(codec: Codec, data: bytes) -> bytes | str:
+    """An inflated frame's payload as ``codec`` decodes it (JSON codecs take ``str``)."""
+    return bytes(data) if codec.binary else bytes(data).decode()
+
+
+async def measure(
+    deflate: str,
+    rooms: int,
+    messages: int,
+    workdir: Path,
+    *,
+    settings: dict[str, str] | None = None,
+) -> list[dict]:
+    """Bytes per delivered message for each body set, against ``WS_DEFLATE=deflate``
+    (``settings``, ``.env`` names, go to the server over it: the lab measures a
+    configuration with its own toggles)."""
     keys = KeyPair(workdir)
     server = ServerProcess(
-        workdir, keys, event_loop="uvloop", ws_deflate=deflate, log_level="warning"
+        workdir,
+        keys,
+        event_loop="uvloop",
+        log_level="warning",
+        **(settings or {}),
+        ws_deflate=deflate,
     )
     server.start()
     codec = get_codec(server.serializer)
+    text = not codec.binary
     rows = []
     try:
         members: list[tuple[ClientConnection, list[tuple[int, bytes]]]] = []
@@ -143,7 +159,7 @@ async def measure(deflate: str, rooms: int, messages: int, workdir: Path) -> lis
                 max_queue=None,
             )
             await conn.recv()  # welcome
-            await conn.send(codec.encode_client(Join(room=f"wire-{i // ROOM_SIZE}")), text=True)
+            await conn.send(codec.encode_client(Join(room=f"wire-{i // ROOM_SIZE}")), text=text)
             while not isinstance(codec.decode_server(await conn.recv()), Joined):
                 pass
             members.append((conn, off_wire))
@@ -155,11 +171,11 @@ async def measure(deflate: str, rooms: int, messages: int, workdir: Path) -> lis
             readers = [
                 asyncio.create_task(_read(c, codec.decode_server, len(texts))) for c, _ in members
             ]
-            for n, text in enumerate(texts):  # members take turns, in every room
+            for n, body in enumerate(texts):  # members take turns, in every room
                 for room in range(rooms):
                     conn = members[room * ROOM_SIZE + n % ROOM_SIZE][0]
                     await conn.send(
-                        codec.encode_client(Send(room=f"wire-{room}", body=text)), text=True
+                        codec.encode_client(Send(room=f"wire-{room}", body=body)), text=text
                     )
                 await asyncio.sleep(0.001)
             plain = [size for sizes in await asyncio.gather(*readers) for size in sizes]
@@ -168,7 +184,7 @@ async def measure(deflate: str, rooms: int, messages: int, workdir: Path) -> lis
                     size
                     for _, wire_sizes in members
                     for size, data in wire_sizes
-                    if isinstance(codec.decode_server(bytes(data).decode()), Message)
+                    if isinstance(codec.decode_server(_payload(codec, data)), Message)
                 ]
             else:
                 wire = [header_bytes(size) + size for size in plain]

@@ -26,6 +26,7 @@ No I/O: the report draws and renders what this returns.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,8 @@ class Cost:
     delivered_per_s: list[float]
     busy: list[bool]  # the step's window was busy (bench.lab.machine)
     held: list[bool]  # the step held the SLO: a cost where it did not is an overload's
+    # bytes on the wire per delivered message, per repeat (None: not counted)
+    wire_bytes: list[float | None] = field(default_factory=list)
 
     @property
     def known(self) -> list[float]:
@@ -90,6 +93,12 @@ class Cost:
         spread = f" ({low:.1f}{DASH}{high:.1f})" if len(self.known) > 1 else ""
         return f"{self.median:.1f}{spread}" + (" busy" if any(self.busy) else "")
 
+    @property
+    def wire_median(self) -> float | None:
+        """Median bytes on the wire per delivered message over repeats (None: not counted)."""
+        known = [v for v in self.wire_bytes if v is not None]
+        return statistics.median(known) if known else None
+
 
 @dataclass
 class Rung:
@@ -106,6 +115,7 @@ class Rung:
     body_chars: int = 0
     frame_bytes: int = 0
     deflate: bool = False
+    deflate_params: str = ""  # the server's Sec-WebSocket-Extensions reply (Step.deflate_params)
     reruns: int = 0  # steps run again because they stalled
     stalled_steps: int = 0
     transport: str = "websockets"
@@ -247,6 +257,7 @@ def rungs_of(results: Results) -> list[Rung]:
                 body_chars=int(first.get("body_chars") or 0),
                 frame_bytes=int(first.get("frame_bytes") or 0),
                 deflate=bool(first.get("deflate")),
+                deflate_params=str(first.get("deflate_params") or ""),
                 reruns=sum(int(k.get("reruns") or 0) for k in knees),
                 stalled_steps=sum(int(k.get("stalled_steps") or 0) for k in knees),
                 transport=runs[0].env.get("TRANSPORT", "websockets"),
@@ -280,6 +291,7 @@ def _costs(runs: list[Run]) -> dict[float, Cost]:
             delivered_per_s=[s.delivered_per_s if s is not None else 0.0 for s in steps],
             busy=[s is not None and is_busy(step_load(s)) for s in steps],
             held=[s is not None and s.holds({"p99": 100.0}) for s in steps],
+            wire_bytes=[s.wire_bytes_per_delivery if s is not None else None for s in steps],
         )
     return costs
 
@@ -621,6 +633,21 @@ def delivered_label(rate: float, room_size: int) -> str:
     delivered = rate * (room_size or 1)
     text = f"{delivered / 1000:.3g}k" if delivered >= 1000 else f"{delivered:g}"
     return f"{text} delivered/s"
+
+
+def deflate_label(deflate: bool, params: str) -> str:
+    """How a rung's driver talked to it: "off", or what the server's
+    ``Sec-WebSocket-Extensions`` reply negotiated (context takeover or not, window)."""
+    if not deflate:
+        return "off"
+    if not params:
+        return "on (negotiated)"  # results written before the driver kept the reply
+    if "server_no_context_takeover" in params:
+        kind = "no context takeover (shared)"
+    else:
+        kind = "context takeover (on)"
+    bits = re.search(r"server_max_window_bits=(\d+)", params)
+    return f"{kind}, window 2^{bits.group(1)}" if bits else kind
 
 
 def by_connections(found: Ladder) -> dict[int, list[Rung]]:

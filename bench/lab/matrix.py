@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench.memory import TRAFFIC_MODES
 from bench.relay_base import DEFAULT_MODES, MODES
 from loadtest.profiles import PROFILES
 
@@ -69,6 +70,20 @@ class Load:
     # after the climb, one step this long at 90 % of its knee: whether the knee holds
     # sustained (0: none; the knee is then a burst's, from steps of step_s)
     sustain_s: float = 0.0
+    # after each run of a chat configuration, on a server of its own with its settings
+    # (bench.lab.side): bytes on the wire per delivered message for three body sets
+    # (bench.wire; this many messages per member and set, 0: not measured), and memory per
+    # connection over this many connections (bench.memory, each ``memory_traffic`` mode:
+    # idle, after; 0: not measured)
+    wire_messages: int = 0
+    memory_connections: int = 0
+    memory_traffic: tuple[str, ...] = ("idle", "after")
+
+    def side_s(self) -> float:
+        """About how many seconds the side measurements take after one run."""
+        wire = 3.0 + 0.1 * self.wire_messages if self.wire_messages else 0.0
+        memory = len(self.memory_traffic) * (5 + self.memory_connections / 350)
+        return wire + (memory if self.memory_connections else 0.0)
 
     def fast_duration_s(self) -> float:
         """Seconds one fast-driver run takes (connects not counted; a climb: its most)."""
@@ -156,6 +171,8 @@ class Matrix:
                 run_s += 3 if load.climb else 0  # settling after the broken steps
             if config.locust and config.target == "chat" and load.locust_profile:
                 run_s += load.locust_duration_s() + 4
+            if config.target == "chat":
+                run_s += load.side_s()
             total += run_s * (repeat + config.extra_repeats)
         return total
 
@@ -181,7 +198,15 @@ def _load_table(data: dict[str, Any], where: str, base: Load | None = None) -> L
         values["cost_rates"] = tuple(float(r) for r in values["cost_rates"])
         if values["cost_rates"] and min(values["cost_rates"]) <= 0:
             raise MatrixError(f"{where}: cost_rates must be positive numbers")
+    if "memory_traffic" in values:
+        values["memory_traffic"] = tuple(str(m) for m in values["memory_traffic"])
+        if not values["memory_traffic"] or set(values["memory_traffic"]) - set(TRAFFIC_MODES):
+            raise MatrixError(f"{where}: memory_traffic must name some of {TRAFFIC_MODES}")
     load = replace(base, **values)
+    if load.wire_messages < 0 or load.memory_connections < 0:
+        raise MatrixError(f"{where}: wire_messages and memory_connections must be >= 0")
+    if load.memory_connections % 10 and "after" in load.memory_traffic:
+        raise MatrixError(f"{where}: memory_connections must be a multiple of 10 (rooms of 10)")
     if load.climb:
         from bench.lab.results import parse_slo
 

@@ -165,7 +165,7 @@ def latency_percentiles(results: Results, out_png: Path, driver: str) -> Path | 
     if not groups:
         return None
     colors = config_colors(results)
-    fig, axes = _figure(len(groups), cols=2 if len(groups) > 1 else 1, row_height=3.6)
+    fig, axes = new_figure(len(groups), cols=2 if len(groups) > 1 else 1, row_height=3.6)
     for ax, (key, by_config) in zip(axes, groups.items(), strict=False):
         width = 0.8 / max(1, len(by_config))
         for i, (config, pairs) in enumerate(by_config.items()):
@@ -216,7 +216,7 @@ def latency_percentiles(results: Results, out_png: Path, driver: str) -> Path | 
         f"Fan-out latency percentiles, {DRIVER_TITLES.get(driver, driver)}: "
         "median over repeats, whiskers min-max"
     )
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def latency_over_time(results: Results, out_png: Path, driver: str) -> Path | None:
@@ -232,7 +232,7 @@ def latency_over_time(results: Results, out_png: Path, driver: str) -> Path | No
         return None
     colors = config_colors(results)
     load_label = "users" if driver == "locust" else "offered (messages/s)"
-    fig, axes = _figure(len(panels), row_height=2.8)
+    fig, axes = new_figure(len(panels), row_height=2.8)
     for ax, (config, run) in zip(axes, panels, strict=False):
         t, p50, p99, load = _timeline(run, driver)
         twin = ax.twinx()
@@ -263,7 +263,7 @@ def latency_over_time(results: Results, out_png: Path, driver: str) -> Path | No
         f"Fan-out latency over time, {DRIVER_TITLES.get(driver, driver)} "
         "(per configuration, the repeat with the median p99)"
     )
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def cpu_bands(results: Results, out_png: Path) -> Path | None:
@@ -278,7 +278,7 @@ def cpu_bands(results: Results, out_png: Path) -> Path | None:
     if not panels:
         return None
     colors = config_colors(results)
-    fig, axes = _figure(len(panels), row_height=2.3, sharex=True)
+    fig, axes = new_figure(len(panels), row_height=2.3, sharex=True)
     for ax, config in zip(axes, panels, strict=False):
         runs = [r for r in measured_runs(results) if r.config == config]
         for role, color, alpha, ls in (
@@ -309,7 +309,7 @@ def cpu_bands(results: Results, out_png: Path) -> Path | None:
         f"CPU over time: median and p{CPU_BAND[0]}-p{CPU_BAND[1]} of the 0.5 s samples "
         f"in rolling {CPU_WINDOW_S:g} s windows"
     )
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def throughput(results: Results, out_png: Path) -> Path | None:
@@ -338,7 +338,7 @@ def throughput(results: Results, out_png: Path) -> Path | None:
     panels = [name for name, data in (("fast", fast), ("locust", locust)) if data]
     if not panels:
         return None
-    fig, axes = _figure(len(panels), cols=len(panels), row_height=4.2)
+    fig, axes = new_figure(len(panels), cols=len(panels), row_height=4.2)
     for ax, panel in zip(axes, panels, strict=False):
         if panel == "fast":
             top = 0.0
@@ -389,7 +389,7 @@ def throughput(results: Results, out_png: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("Delivered messages/s against offered load")
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def capacity_ladder(results: Results, out_png: Path) -> Path | None:
@@ -403,7 +403,7 @@ def capacity_ladder(results: Results, out_png: Path) -> Path | None:
     if found is None or not found.chat_rungs:
         return None
     rungs = found.chat_rungs
-    fig, axes = _figure(2 if found.cost_rates else 1, row_height=4.6)
+    fig, axes = new_figure(2 if found.cost_rates else 1, row_height=4.6)
     ax = axes[0]
     colors = config_colors(results)
     x = np.arange(len(rungs))
@@ -463,7 +463,7 @@ def capacity_ladder(results: Results, out_png: Path) -> Path | None:
     fig.suptitle(
         f"Capacity ladder: median knee over {n} repeat(s), min-max whiskers; hatched = lower bound"
     )
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def _cost_panel(ax: Axes, found: Ladder) -> None:
@@ -515,7 +515,7 @@ def server_tail(run: Run, out_png: Path) -> Path | None:
     if not points or not run.metric_series:
         return None
     stalls = [t for s in run.steps if s.driver == "fast" for t in s.stall_s]
-    fig, axes = _figure(3, row_height=1.9, sharex=True)
+    fig, axes = new_figure(3, row_height=1.9, sharex=True)
     ax = axes[0]
     ax.plot([p.t_s for p in points], [p.p99_ms for p in points], ".-", ms=3, lw=1, label="p99")
     ax.plot(
@@ -574,7 +574,7 @@ def server_tail(run: Run, out_png: Path) -> Path | None:
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"{run.config}, repeat {run.repeat + 1}: latency, and the server's tail under it")
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def rss_over_time(results: Results, out_png: Path) -> Path | None:
@@ -583,7 +583,7 @@ def rss_over_time(results: Results, out_png: Path) -> Path | None:
     series = [(r, r.samples["server"]) for r in measured_runs(results) if r.samples.get("server")]
     if not series:
         return None
-    fig, axes = _figure(1, row_height=4.0)
+    fig, axes = new_figure(1, row_height=4.0)
     ax = axes[0]
     labelled: set[str] = set()
     for run, samples in series:
@@ -603,7 +603,7 @@ def rss_over_time(results: Results, out_png: Path) -> Path | None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title("Server resident memory over time (one line per repeat)")
-    return _save(fig, out_png)
+    return save_png(fig, out_png)
 
 
 def draw_all(results: Results, plots_dir: Path) -> list[Plot]:
@@ -667,7 +667,7 @@ def _tab_colors() -> Sequence[tuple[float, ...]]:
     return [tuple(c) for c in colormaps["tab10"].colors]  # type: ignore[attr-defined]
 
 
-def _figure(
+def new_figure(
     panels: int, cols: int = 1, row_height: float = 3.0, sharex: bool = False
 ) -> tuple[Figure, list[Axes]]:
     """A figure on an Agg canvas with ``panels`` axes (unused grid cells hidden)."""
@@ -708,7 +708,7 @@ def _figure_legend(fig: Figure, axes: list[Axes]) -> None:
     )
 
 
-def _save(fig: Figure, out_png: Path) -> Path:
+def save_png(fig: Figure, out_png: Path) -> Path:
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=DPI, format="png")
     return out_png

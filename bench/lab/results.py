@@ -98,6 +98,9 @@ class Step:
     body_chars: int = 0  # the message body's length (the fast driver's --body-chars)
     frame_bytes: int = 0  # one ``send`` frame's payload on the wire, before compression
     deflate: bool = False  # the driver negotiated permessage-deflate
+    # the server's Sec-WebSocket-Extensions reply where it did ("" otherwise): whether
+    # it kept context takeover (WS_DEFLATE=on) or not (shared), and its window bits
+    deflate_params: str = ""
     # a fixed-rate step a climbing run makes before its climb, to measure what a frame
     # costs at a stated load (:attr:`server_us_per_frame`); never part of the climb
     cost: bool = False
@@ -115,6 +118,17 @@ class Step:
     # acks received during the step (the chat server's N+1th frame per send; one for a
     # send made just before the step may arrive in it)
     acks: int = 0
+    # the delivered message frames' bytes as they came off the wire (websocket header and
+    # payload, compressed where deflate was negotiated), over ``wire_deliveries`` of them
+    # (every delivery the step read, those after their own step's drain too)
+    wire_bytes: int = 0
+    wire_deliveries: int = 0
+
+    @property
+    def wire_bytes_per_delivery(self) -> float | None:
+        """Bytes on the wire per delivered message (None: nothing delivered, or results
+        written before the driver counted them)."""
+        return self.wire_bytes / self.wire_deliveries if self.wire_deliveries else None
 
     @property
     def server_us_per_frame(self) -> float | None:
@@ -227,6 +241,12 @@ class Run:
     # broke, whether the driver limited the edge; empty for fixed-rate runs
     knee: dict[str, Any] = field(default_factory=dict)
     profiles: list[str] = field(default_factory=list)  # snapshot paths, relative to the report
+    # measured after the run on a server of its own (bench.lab.side): bytes on the wire
+    # per delivered message, a row per body set (bench.wire's rows), and memory per
+    # connection, a row per traffic mode (bench.memory's); why not, where they were not
+    wire: list[dict[str, Any]] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    side_skipped: str = ""
     status: str = "ok"  # "ok" | "failed" | "interrupted"
     error: str = ""
 
@@ -344,6 +364,7 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
         "body_chars": climbed[0].body_chars if climbed else 0,
         "frame_bytes": climbed[0].frame_bytes if climbed else 0,
         "deflate": bool(climbed and climbed[0].deflate),
+        "deflate_params": climbed[0].deflate_params if climbed else "",
         "status": run.status,
         "error": run.error,
     }

@@ -38,10 +38,12 @@ warmup_s = 1
 drain_s = 0.5
 locust_profile = "smoke"
 settle_s = 0.2
+wire_messages = 2
 
 [[config]]
 name = "json"
 env = { SERIALIZER = "json", EVENT_LOOP = "asyncio", WS_DEFLATE = "on" }
+load = { memory_connections = 20, memory_traffic = ["after"] }
 
 [[config]]
 name = "protobuf+uvloop"
@@ -102,6 +104,26 @@ def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) 
         assert step.latency_ms["max"] > 0
     for step in json_run.steps[:3] + pb_run.steps:
         assert step.delivered == step.sent * 10, step  # every member got every message
+    # bytes on the wire per delivered message, as the driver read them: plain frames are
+    # the message frame (its send frame's body, ids and a header); deflate's are smaller
+    # than json's plain frame would be, and the server's reply says context takeover
+    for step in pb_run.steps:
+        assert step.wire_bytes_per_delivery is not None and not step.deflate_params
+        assert step.frame_bytes < step.wire_bytes_per_delivery < step.frame_bytes + 100
+    for step in [s for s in json_run.steps if s.driver == "fast"]:
+        assert step.deflate and "permessage-deflate" in step.deflate_params
+        assert "server_no_context_takeover" not in step.deflate_params
+        assert step.wire_bytes_per_delivery is not None and step.wire_bytes_per_delivery > 2
+    # the side measurements, each on a server of its own with the configuration's settings
+    assert [row["bodies"] for row in json_run.wire] == ["demo", "chat", "long"]
+    for row in json_run.wire:  # deflate on: every message compressed smaller than plain
+        assert "permessage-deflate" in row["negotiated"]
+        assert row["wire_bytes_per_delivery"] < row["plain_bytes_per_delivery"]
+    for row in pb_run.wire:  # deflate off, protobuf's binary frames: exactly the plain bytes
+        assert row["negotiated"] == ""
+        assert row["wire_bytes_per_delivery"] == row["plain_bytes_per_delivery"]
+    assert [(m["traffic"], m["connections"]) for m in json_run.memory] == [("after", 20)]
+    assert json_run.memory[0]["bytes_per_connection"] > 0 and pb_run.memory == []
     # the samplers saw both processes; the server's own counters were scraped
     for run in results.runs:
         assert run.samples["server"] and run.samples["generator"]
@@ -115,6 +137,9 @@ def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) 
     # the report: tables with the configurations, valid plots, a summary on the terminal
     md = (out / "report.md").read_text()
     assert "json" in md and "protobuf+uvloop" in md
+    side = md.split("## Bytes on the wire and memory per connection", 1)[1].split("\n## ")[0]
+    assert "| json | on |" in side and "| protobuf+uvloop | off |" in side
+    assert "(\u00d71.00 of plain)" in side and "plots/side.png" in side
     pngs = sorted((out / "plots").glob("*.png"))
     assert pngs
     for png in pngs:
@@ -192,6 +217,9 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
             "RELAY_MODE 'recv-broadcast' on picows",
         ),
         ("[[config]]\nname='a'\ntarget='relay'\nenv={TRANSPORT='h2'}\n", "TRANSPORT 'h2'"),
+        ("[load]\nmemory_traffic=['busy']\n[[config]]\nname='a'\n", "memory_traffic must"),
+        ("[load]\nmemory_connections=15\n[[config]]\nname='a'\n", "multiple of 10"),
+        ("[load]\nwire_messages=-1\n[[config]]\nname='a'\n", "must be >= 0"),
     ],
 )
 def test_a_bad_matrix_file_is_refused_naming_the_problem(

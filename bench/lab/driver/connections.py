@@ -17,7 +17,7 @@ from websockets.extensions.permessage_deflate import (
 from websockets.frames import Frame, Opcode
 from websockets.headers import build_extension, parse_extension
 
-from bench.lab.driver.frames import DIGITS, MARKER
+from bench.lab.driver.frames import DIGITS, MARKER, header_bytes
 
 if TYPE_CHECKING:
     from bench.lab.driver.run import Driver
@@ -56,6 +56,7 @@ class Connection(WSListener):  # type: ignore[misc]
         "send",
         "transport",
         "wake",
+        "wire_bytes",
     )
 
     def __init__(
@@ -87,6 +88,9 @@ class Connection(WSListener):  # type: ignore[misc]
         self.wake: asyncio.Future[None] | None = None
         self.close_code = ""
         self.last_error = ""
+        # the deliveries' bytes as they came off the wire (header and payload, compressed
+        # where deflate is on), ever: the driver sums them into each step at its flush
+        self.wire_bytes = 0
 
     # picows callbacks ----------------------------------------------------------------------
 
@@ -103,15 +107,21 @@ class Connection(WSListener):  # type: ignore[misc]
         if at >= 0:
             self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
             self.record_received_ns(perf_counter_ns())
+            size = len(payload)
+            self.wire_bytes += size + 2 if size < 126 else size + header_bytes(size)
             return
         self._other_frame(transport, frame, payload)
 
-    def received(self, transport: WSTransport, frame: WSFrame, payload: bytes) -> None:
-        """:meth:`on_ws_frame` for a payload already read (DeflateConnection inflates it)."""
+    def received(
+        self, transport: WSTransport, frame: WSFrame, payload: bytes, wire_size: int
+    ) -> None:
+        """:meth:`on_ws_frame` for a payload already read (DeflateConnection inflates it;
+        ``wire_size`` is its payload's size as it came off the wire)."""
         at = payload.find(MARKER)
         if at >= 0:
             self.record_digits(payload[at + _MARKER_LEN : at + _MARKER_END])
             self.record_received_ns(perf_counter_ns())
+            self.wire_bytes += wire_size + header_bytes(wire_size)
             return
         self._other_frame(transport, frame, payload)
 
@@ -207,13 +217,13 @@ class DeflateConnection(Connection):
     inflated, by websockets' sans-I/O :class:`PerMessageDeflate` (context takeover kept);
     without context takeover, a payload is inflated once for every connection it reaches."""
 
-    __slots__ = ("deflate", "send_raw")
+    __slots__ = ("deflate", "deflate_params", "send_raw")
 
     def on_ws_connected(self, transport: WSTransport) -> None:
         super().on_ws_connected(transport)
-        self.deflate = negotiated_deflate(
-            transport.response.headers.get("Sec-WebSocket-Extensions")
-        )
+        # the server's reply, as it came (Step.deflate_params)
+        self.deflate_params = transport.response.headers.get("Sec-WebSocket-Extensions") or ""
+        self.deflate = negotiated_deflate(self.deflate_params)
         if self.deflate is not None:
             self.send_raw = transport.send
             self.send = self._send_deflated
@@ -224,6 +234,7 @@ class DeflateConnection(Connection):
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
         payload = frame.get_payload_as_bytes()
+        wire_size = len(payload)
         deflate = self.deflate
         if frame.rsv1 and deflate is not None:
             if frame.fin and frame.msg_type in _OPCODES:
@@ -244,7 +255,7 @@ class DeflateConnection(Connection):
             else:
                 compressed = Frame(_OPCODES[frame.msg_type], payload, frame.fin, True)
                 payload = bytes(deflate.decode(compressed, max_size=MAX_FRAME_BYTES).data)
-        self.received(transport, frame, payload)
+        self.received(transport, frame, payload, wire_size)
 
 
 def _not_connected(*_: object) -> None:

@@ -17,6 +17,11 @@ MIN_BODY_CHARS = len(MARKER) + DIGITS
 REF_PLACEHOLDER = b"9" * DIGITS
 
 
+def header_bytes(payload_bytes: int) -> int:
+    """The websocket header of an unmasked frame (server to client) with this payload."""
+    return 2 if payload_bytes < 126 else 4 if payload_bytes < 65536 else 10
+
+
 def send_frame(
     codec: Codec, room: str, body_chars: int, with_ref: bool = False
 ) -> tuple[bytearray, slice, slice | None]:

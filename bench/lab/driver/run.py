@@ -82,6 +82,8 @@ class Driver:
         self.delivery_digits = bytearray()
         self.delivery_received_ns: list[int] = []
         self.ack_us: list[int] = []
+        # every connection's wire bytes (Connection.wire_bytes) summed at the last flush
+        self.wire_bytes_flushed = 0
         # deliveries scheduled before this count to earlier steps (or to the warmup)
         self.window_start_ns = 2**63
         self.connections: list[Connection] = []
@@ -347,6 +349,10 @@ class Driver:
         deliveries_us = (received_ns[in_window] - scheduled_ns[in_window]) // 1000
         recorder.point_latency.add(deliveries_us)
         recorder.delivered += len(deliveries_us)
+        recorder.wire_deliveries += len(scheduled_ns)
+        wire_bytes = sum(c.wire_bytes for c in self.connections)
+        recorder.wire_bytes += wire_bytes - self.wire_bytes_flushed
+        self.wire_bytes_flushed = wire_bytes
         recorder.ack_latency.add(take_values(self.ack_us))
 
     def _time_point(self, recorder: StepRecorder, since_ns: int, now_ns: int) -> None:
@@ -522,6 +528,8 @@ class Driver:
         step.deflate = bool(self.connections) and all(
             getattr(c, "deflate", None) is not None for c in self.connections
         )
+        if step.deflate:
+            step.deflate_params = self.connections[0].deflate_params
         self.finished.append((recorder, step))
         steps.append(step)
         print(summary_line(step), file=sys.stderr, flush=True)

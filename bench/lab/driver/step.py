@@ -36,6 +36,10 @@ class StepRecorder:
         self.behind_sends = 0
         self.max_lag_ns = 0
         self.delivered = 0
+        # bytes off the wire of every delivery flushed into this step (header and payload)
+        # and how many deliveries they were (those after their step's drain too)
+        self.wire_bytes = 0
+        self.wire_deliveries = 0
         self.errors: Counter[str] = Counter()
         self.retries: Counter[str] = Counter()  # --retry: what was sent again, and why
         self.latency = LatencyHistogram()
@@ -117,6 +121,8 @@ class StepRecorder:
             others_cpu_s=None if self.others_cpu_s is None else round(self.others_cpu_s, 4),
             steal_s=None if self.steal_s is None else round(self.steal_s, 4),
             acks=self.ack_latency.count,
+            wire_bytes=self.wire_bytes,
+            wire_deliveries=self.wire_deliveries,
         )
 
 
@@ -134,6 +140,8 @@ def summary_line(step: Step) -> str:
     )
     if step.server_us_per_frame is not None:
         line += f", server {step.server_us_per_frame:.1f} µs/frame"
+    if step.wire_bytes_per_delivery is not None:
+        line += f", {step.wire_bytes_per_delivery:.1f} wire bytes/delivery"
     if step.generator_gc_runs:
         line += f", the driver's GC ran {step.generator_gc_runs} times in the step"
     if step.generator_limited:

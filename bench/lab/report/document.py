@@ -21,6 +21,7 @@ from bench.lab.report.sections import (
 from bench.lab.report.sections_ladder import findings_blocks, ladder_blocks, tail_blocks
 from bench.lab.report.sections_scaling import scaling_blocks
 from bench.lab.report.sections_server import capacity_blocks, metrics_blocks, profile_blocks
+from bench.lab.report.sections_side import side_blocks
 from bench.lab.results import Results
 
 
@@ -37,6 +38,7 @@ def report_blocks(
         *header,
         *slo_blocks(),
         *ladder_blocks(analysis.ladder),
+        *side_blocks(results, analysis.ladder, out_dir),
         *tail_blocks(results, out_dir),
         *noise_floor_blocks(analysis),
         *driver_blocks(analysis),

@@ -13,6 +13,7 @@ from bench.lab.ladder import (
     Rung,
     by_connections,
     compare,
+    deflate_label,
     delivered_label,
     floor_text,
 )
@@ -108,7 +109,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
                 "room size",
                 "body chars",
                 "send frame bytes",
-                "deflate",
+                "deflate (the server's reply)",
             ],
             [
                 [
@@ -117,7 +118,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
                     str(r.room_size),
                     str(r.body_chars),
                     str(r.frame_bytes),
-                    "on (negotiated)" if r.deflate else "off",
+                    deflate_label(r.deflate, r.deflate_params),
                 ]
                 for r in found.rungs
             ],
@@ -180,6 +181,7 @@ def cost_blocks(found: Ladder) -> list[Block]:
                     rung.config,
                     delivered_label(rate, room),
                     cost.label(),
+                    EMPTY if cost.wire_median is None else f"{cost.wire_median:.1f}",
                     *(
                         _cost_claim(table.get(rung.config, {}).get(rate))
                         for table in (
@@ -201,7 +203,10 @@ def cost_blocks(found: Ladder) -> list[Block]:
             "The server's CPU (user + system of its process tree, read by the driver over "
             "each cost step's send phase) divided by the message frames room members "
             "received; acks are not counted (the chat server writes N+1 frames per send, a "
-            "relay N). Ratios are repeat by repeat, below 1 costs less; confirmed beyond the "
+            "relay N). Beside it, the bytes each delivered message took on the wire (websocket "
+            "header and payload, compressed where deflate was negotiated; median over "
+            "repeats), as the driver read them. Ratios are repeat by repeat, below 1 costs "
+            "less; confirmed beyond the "
             f"floor ({floors or 'none measured'}) in every repeat on a quiet machine. The "
             "rung before is the ladder's previous step (for an A/A twin, its original)."
         ),
@@ -210,6 +215,7 @@ def cost_blocks(found: Ladder) -> list[Block]:
                 "configuration",
                 "at",
                 "µs/frame",
+                "wire bytes/message",
                 "vs the rung before",
                 "vs the baseline",
                 "vs its transport's relay",
