@@ -12,9 +12,12 @@ Guarantees: every operation (waiting for a connection included) ends within
 ``AUTH_DB_TIMEOUT_S`` or raises :class:`~auth_service.errors.Unavailable` (503 with
 ``Retry-After``); so does a database that is down, refuses us or breaks a connection.
 A query still running at the deadline is cancelled in the background while the
-request is answered. The URL's password is never logged (the process's log filter
-redacts it; :meth:`Database.where` is the URL without it). Connections are checked
-before each use, so after the database comes back the first request succeeds.
+request is answered. While the database is unusable, one request at a time tries it
+(the probe) and the others are answered 503 at once, instead of each holding a slot
+for ``AUTH_DB_TIMEOUT_S``; the first that succeeds ends it. The URL's password is never
+logged (the process's log filter redacts it; :meth:`Database.where` is the URL without
+it). Connections are checked before each use, so after the database comes back the
+first request succeeds.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Final, TypeVar
@@ -71,6 +75,10 @@ class Database:
     def __init__(self, url: str, pool_max: int, timeout_s: float) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        # since when the database has been unusable (None: it answered last time), and
+        # whether a request is trying it now
+        self.down_since: float | None = None
+        self.probing = False
         self.pool = AsyncConnectionPool(
             url,
             min_size=1,
@@ -117,9 +125,47 @@ class Database:
     async def run(self, work: Callable[[psycopg.AsyncConnection], Awaitable[_T]]) -> _T:
         """``work`` on a pooled connection, within ``AUTH_DB_TIMEOUT_S``, or Unavailable.
 
-        Errors that are not the database's being unusable (an integrity error, a bug's
-        SQL error) propagate as they are.
+        While the database is down, one request at a time tries it; the others get
+        Unavailable at once. Errors that are not the database's being unusable (an
+        integrity error, a bug's SQL error) propagate as they are: it answered.
         """
+        probe = False
+        if self.down_since is not None:
+            if self.probing:
+                raise Unavailable(
+                    "the user database is down; one request at a time is trying it",
+                    RETRY_AFTER_S,
+                )
+            self.probing = probe = True
+        try:
+            result = await self._attempt(work)
+        except _Unusable as exc:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+                log.warning(
+                    "user database down (%s): answering 503 at once while one request at a"
+                    " time tries it",
+                    exc.detail,
+                )
+            raise Unavailable(exc.detail, RETRY_AFTER_S) from None
+        except Unavailable:
+            raise  # busy: the database works, its pool is full
+        except Exception:  # it answered: an integrity error, a refused statement
+            self._answered()
+            raise
+        finally:
+            if probe:
+                self.probing = False
+        self._answered()
+        return result
+
+    def _answered(self) -> None:
+        if self.down_since is not None:
+            log.warning("user database back after %.1f s", time.monotonic() - self.down_since)
+            self.down_since = None
+
+    async def _attempt(self, work: Callable[[psycopg.AsyncConnection], Awaitable[_T]]) -> _T:
+        """One try of ``work``: its result, _Unusable, or Unavailable when the pool is full."""
         task = asyncio.ensure_future(self._on_connection(work))
         done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
         if not done:
@@ -127,21 +173,29 @@ class Database:
             # database that does not answer, so it is not waited for
             task.cancel()
             task.add_done_callback(_swallow)
-            raise Unavailable("the user database did not answer in time", RETRY_AFTER_S)
+            raise _Unusable("the user database did not answer in time")
         try:
             return task.result()
         except TooManyRequests:
             raise Unavailable("the user database is busy", RETRY_AFTER_S) from None
         except PoolTimeout:
-            raise Unavailable("the user database cannot be reached", RETRY_AFTER_S) from None
+            raise _Unusable("the user database cannot be reached") from None
         except psycopg.OperationalError as exc:
             # connection refused or broken, server shutting down, statement timeout
             log.warning("user database unusable: %s", redact(str(exc)).strip())
-            raise Unavailable("the user database cannot be used now", RETRY_AFTER_S) from None
+            raise _Unusable("the user database cannot be used now") from None
 
     async def _on_connection(self, work: Callable[[psycopg.AsyncConnection], Awaitable[_T]]) -> _T:
         async with self.pool.connection(timeout=self.timeout_s) as conn:
             return await work(conn)
+
+
+class _Unusable(Exception):
+    """The database is down, unreachable or did not answer in time (not merely busy)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
 
 
 def _swallow(task: asyncio.Task[object]) -> None:

@@ -19,21 +19,24 @@ from chatlab.postgres import PostgresProcess
 PASSWORD = "correct horse"
 
 
-def _at_once(calls: list[Callable[[], HttpReply]]) -> list[int]:
-    """Make the calls from one thread each, released together; their statuses in order."""
+def _at_once(calls: list[Callable[[], HttpReply]]) -> list[HttpReply]:
+    """Make the calls from one thread each, released together; their replies in order."""
     barrier = threading.Barrier(len(calls))
-    statuses = [0] * len(calls)
+    replies: list[HttpReply] = [None] * len(calls)  # type: ignore[list-item]
 
     def run(index: int) -> None:
         barrier.wait()
-        statuses[index] = calls[index]().status
+        replies[index] = calls[index]()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
-    return statuses
+    return replies
+
+
+DOWN_DETAIL = "the user database is down; one request at a time is trying it"
 
 
 def test_replicas_share_users_and_one_keyring(
@@ -55,12 +58,13 @@ def test_two_replicas_registering_one_name_at_once_give_one_201_and_one_409(
     a, b = start_replicas(2, auth_db_url=auth_db_url)
     for index in range(8):
         name = f"race{index}"
-        statuses = _at_once(
+        replies = _at_once(
             [
                 lambda name=name: a.register(name, PASSWORD),
                 lambda name=name: b.register(name.upper(), PASSWORD),
             ]
         )
+        statuses = [r.status for r in replies]
         assert sorted(statuses) == [201, 409], (name, statuses)
     with psycopg.connect(auth_db_url) as db:
         (count,) = db.execute(
@@ -107,7 +111,8 @@ def test_the_pool_holds_at_most_auth_db_pool_max_connections(
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        statuses = _at_once([lambda: auth.login("pooled", PASSWORD) for _ in range(16)])
+        replies = _at_once([lambda: auth.login("pooled", PASSWORD) for _ in range(16)])
+        statuses = [r.status for r in replies]
     finally:
         done.set()
         watcher.join(10)
@@ -128,6 +133,14 @@ def test_a_database_down_answers_503_with_retry_after_then_recovers(
             assert reply.status == 503, reply
             assert reply.json()["error"] == "unavailable"
             assert int(reply.headers["retry-after"]) >= 1
+        # while it is down one request at a time tries it: the others are answered at
+        # once (each would otherwise hold a pool slot for AUTH_DB_TIMEOUT_S)
+        replies = _at_once([lambda: auth.login("erin", PASSWORD) for _ in range(8)])
+        details = [(r.status, r.json()["detail"]) for r in replies]
+        assert all(status == 503 for status, _ in details), details
+        fast = [d for _, d in details if d == DOWN_DETAIL]
+        assert 1 <= len(fast) <= 7, details  # and never all: one of them is the probe
+        assert "user database down" in auth.log()
         assert auth.get("/.well-known/jwks.json").status == 200  # keys stay served
         postgres.start()
         deadline = time.monotonic() + 30
@@ -136,6 +149,7 @@ def test_a_database_down_answers_503_with_retry_after_then_recovers(
             assert time.monotonic() < deadline, "the service never used the database again"
             time.sleep(0.2)
         assert auth.register("frank", PASSWORD).status == 201
+        assert "user database back after" in auth.log()
         assert postgres.password not in auth.log()
     finally:
         postgres.remove()
