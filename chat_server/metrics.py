@@ -103,6 +103,12 @@ STORE_QUEUE_DEPTH = (
     "chat_store_queue_depth",
     "messages accepted and waiting for their group commit",
 )
+# the Redis history store's (BROKER=redis)
+SHORT_OF_REPLICAS = (
+    "chat_redis_primaries_short_of_replicas",
+    "Redis primaries whose last commit was confirmed on fewer replicas than"
+    " REDIS_ACK_REPLICAS asks: their rooms' sends wait, then get unavailable",
+)
 # the SQLite history store's (one process: WORKERS > 1 keeps history in Redis)
 WAL_FILE_BYTES = (
     "chat_wal_file_bytes",
@@ -215,6 +221,8 @@ class ChatCollector:
         yield longest
         yield GaugeMetricFamily(*LOOP_LAG_MAX, value=counters.loop_lag.lag.max)
         yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
+        if store.get("primaries_short_of_replicas") is not None:
+            yield GaugeMetricFamily(*SHORT_OF_REPLICAS, value=store["primaries_short_of_replicas"])
         if store.get("wal_file_bytes") is not None:
             yield GaugeMetricFamily(*WAL_FILE_BYTES, value=store["wal_file_bytes"])
             yield CounterMetricFamily(*WAL_RESTARTS, value=store["wal_restarts"])
@@ -344,6 +352,10 @@ class MetricsPublisher:
             *GC_PAUSE, ["generation"], registry=None, buckets=PAUSE_BUCKETS_S
         )
         self._queue_depth = Gauge(*STORE_QUEUE_DEPTH, registry=None, multiprocess_mode="livesum")
+        # each worker commits to the same primaries: the most any live worker sees short
+        self._short_of_replicas = Gauge(
+            *SHORT_OF_REPLICAS, registry=None, multiprocess_mode="livemax"
+        )
         self._gc_pause_max = Gauge(
             *GC_PAUSE_MAX, ["generation"], registry=None, multiprocess_mode="max"
         )
@@ -406,6 +418,7 @@ class MetricsPublisher:
             float(store["messages_committed"] + store["messages_failed"]),
         )
         self._queue_depth.set(store["queue_depth"])
+        self._short_of_replicas.set(store.get("primaries_short_of_replicas") or 0)
         for histogram, key, plain in (
             (self._ack_latency, "ack_latency", counters.ack_latency),
             (self._delivery_latency, "delivery_latency", counters.delivery_latency),

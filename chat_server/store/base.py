@@ -47,7 +47,9 @@ class StoreStats:
     ``wal_restarts`` (the checkpointer's restarts of the WAL) and the histogram of the
     commits' holds for them (``restart_hold_counts`` per bucket of ``COMMIT_BUCKETS_S``,
     the last above every bound, and ``restart_hold_sum_s``) are the SQLite store's,
-    None for a store without a WAL.
+    None for a store without a WAL. ``primaries_short_of_replicas`` (Redis only, else
+    None) counts the primaries whose last commit was confirmed on fewer replicas than
+    ``REDIS_ACK_REPLICAS`` asks: their rooms' sends wait, then get ``unavailable``.
     """
 
     batches_committed: int
@@ -62,6 +64,7 @@ class StoreStats:
     wal_restarts: int | None = None
     restart_hold_counts: list[int] | None = None
     restart_hold_sum_s: float | None = None
+    primaries_short_of_replicas: int | None = None
 
 
 class BatchLedger:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import random
@@ -101,7 +102,7 @@ from chat_server.redis_rooms import (
     stream_key,
     stream_messages,
 )
-from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore
+from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
 from chat_server.tail import COMMIT_BUCKETS_S, PlainHistogram
 
 __all__ = ["COMMIT_SCRIPT", "RedisHistoryStore"]
@@ -510,6 +511,12 @@ class RedisHistoryStore(LedgerStore):
         if durable:
             unsettled.extend(await self._publish(client, durable))
         return unsettled
+
+    def stats(self) -> StoreStats:
+        """The ledger's counters, with the primaries now short of replicas."""
+        return dataclasses.replace(
+            super().stats(), primaries_short_of_replicas=sum(self._short.values())
+        )
 
     def _note_replicas(self, node: str, replicas: int, *, ran: bool) -> None:
         """Log when a node starts, and stops, confirming commits on fewer replicas than

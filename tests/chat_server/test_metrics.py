@@ -315,10 +315,13 @@ async def test_two_workers_serve_the_families_of_one_process(
     start_server: Callable[..., ServerProcess], redis_server: RedisProcess, keys: KeyPair
 ):
     """Names, help, types, labels and ack-latency bounds as with WORKERS=1: one dashboard."""
-    ports = {"one": free_port(), "two": free_port()}
+    ports = {"one": free_port(), "two": free_port(), "one on redis": free_port()}
     servers = {
         "one": start_server(event_loop="asyncio", metrics_port=ports["one"]),
         "two": start_workers(start_server, redis_server, metrics_port=ports["two"]),
+        "one on redis": start_server(
+            broker="redis", redis_url=redis_server.url, metrics_port=ports["one on redis"]
+        ),
     }
     texts = {}
     for name, server in servers.items():
@@ -353,10 +356,15 @@ async def test_two_workers_serve_the_families_of_one_process(
             if s.name == f"{family}_bucket"
         ]
 
-    # the WAL's families are the SQLite store's; workers keep history in Redis
+    # the WAL's families are the SQLite store's; workers keep history in Redis, whose
+    # store has its own (primaries short of replicas: none here, REDIS_ACK_REPLICAS 0)
     one = {k: v for k, v in shape(texts["one"]).items() if not k[0].startswith("chat_wal_")}
     assert len(one) == len(shape(texts["one"])) - 3  # file bytes, restarts, restart holds
-    assert shape(texts["two"]) == one
+    two = {k: v for k, v in shape(texts["two"]).items() if not k[0].startswith("chat_redis_")}
+    assert len(two) == len(shape(texts["two"])) - 1 and two == one
+    assert shape(texts["one on redis"]) == shape(texts["two"])
+    for name in ("two", "one on redis"):
+        assert _scrape(ports[name])["chat_redis_primaries_short_of_replicas"] == 0
     ack_bounds = bounds(texts["one"], "chat_ack_latency_ms")
     assert sorted(bounds(texts["two"], "chat_ack_latency_ms")) == sorted(ack_bounds)
     assert "5" in ack_bounds and "+Inf" in ack_bounds

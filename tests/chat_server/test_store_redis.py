@@ -175,8 +175,10 @@ async def test_too_few_replicas_stores_but_neither_publishes_nor_acks_until_one_
     listener = connect_redis(redis_server.url).pubsub()
     await listener.ssubscribe("chat:{lobby}")
     store.submit(make_message(body="waits", ref="r1"), None)
+    assert store.stats().primaries_short_of_replicas == 0
     await store.flush()  # WAIT finds no replica: in doubt, then unavailable
     assert isinstance(results[-1].error, StoreUnavailable)
+    assert store.stats().primaries_short_of_replicas == 1  # the metric's figure
     assert await store.history("lobby", None, 10) == []  # stored, but not durable
     assert redis_server.call("get", "chat:{lobby}:durable").strip() == "0"
 
@@ -187,6 +189,7 @@ async def test_too_few_replicas_stores_but_neither_publishes_nor_acks_until_one_
     store.submit(make_message(body="waits", ref="r1"), None)  # the client's retry
     await store.flush()
     assert results[-1].error is None
+    assert store.stats().primaries_short_of_replicas == 0
     assert [(m.seq, m.ref) for m, _ in results[-1].items] == [(1, "r1")]  # stored once
     assert [m.body for m in await store.history("lobby", None, 10)] == ["waits"]
     # nothing was published while it was not durable; then only that it is ("D1")

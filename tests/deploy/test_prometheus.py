@@ -34,7 +34,7 @@ def test_promtool_accepts_the_config_and_the_rules():
     assert "SUCCESS" in rules.stdout
 
 
-def test_the_burn_rate_alerts_fire_on_a_burn_and_not_inside_the_budget():
+def test_the_alerts_fire_on_a_burn_or_a_shortage_and_not_inside_the_budget():
     tests = sorted((DEPLOY / "prometheus" / "tests").glob("*.yml"))
     assert tests
     result = _promtool("test", "rules", *map(str, tests))
@@ -49,7 +49,11 @@ def test_every_recording_rule_reads_back_from_a_real_prometheus(observed: Observ
     loaded = [r["name"] for g in groups for r in g["rules"] if r["type"] == "recording"]
     alerts = [r["name"] for g in groups for r in g["rules"] if r["type"] == "alerting"]
     assert sorted(loaded) == sorted(expected)
-    assert sorted(alerts) == ["ChatAckLatencyBudgetBurnFast", "ChatAckLatencyBudgetBurnSlow"]
+    assert sorted(alerts) == [
+        "ChatAckLatencyBudgetBurnFast",
+        "ChatAckLatencyBudgetBurnSlow",
+        "ChatRedisPrimaryShortOfReplicas",
+    ]
     missing = set(expected)
     deadline = time.monotonic() + 60
     while missing and time.monotonic() < deadline:
