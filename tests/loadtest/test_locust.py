@@ -81,18 +81,19 @@ def test_smoke_run_logs_users_in_and_delivers_every_message(
     assert run.report["deliveries"]["delivered"] <= run.report["deliveries"]["sent"] * ROOM_SIZE
 
 
-def test_smoke_run_protobuf_prelogin_two_processes_delivers_to_every_member(
+def test_a_protobuf_prelogin_run_on_two_processes_delivers_to_every_member(
     tmp_path: Path, auth: AuthProcess, start_server: Callable[..., ServerProcess]
 ) -> None:
     server = start_server(
         jwt_public_key=str(auth.public_path), serializer="protobuf", log_level="warning"
     )
+    # the smoke profile's users in under half its time (the profile has its own run above)
     run = run_locust(
         tmp_path,
         "-H",
         server.url,
-        "--load-profile",
-        "smoke",
+        "--stages",
+        f"2s:{SMOKE_USERS}@10,3s:{SMOKE_USERS},2s:{SMOKE_USERS}:quiet",
         "--serializer",
         "protobuf",
         "--auth-url",
@@ -126,7 +127,7 @@ def test_a_login_refused_503_and_retried_is_counted_apart_not_as_a_failure(
             "-H",
             server.url,
             "--stages",
-            "2s:2@100,2s:2",
+            "2s:2@100,2s:2,2s:2:quiet",  # a short quiet tail: every message in flight arrives
             "--pause",
             "0.2-0.3",
             "--auth-url",
@@ -183,7 +184,7 @@ def test_impossible_slo_exits_1_with_a_verdict(
         "-H",
         server.url,
         "--stages",
-        "2s:4@4,2s:4",
+        "2s:4@4,2s:4,1s:4:quiet",  # a short quiet tail: the verdict needs none
         "--pause",
         "0.05-0.1",
         "--auth-mode",
@@ -211,7 +212,7 @@ def test_server_closing_users_gives_failures_with_reasons(
         "-H",
         server.url,
         "--stages",
-        "1s:4@4,4s:4",
+        "1s:4@4,4s:4,1s:4:quiet",  # a short quiet tail: the closes came before it
         "--pause",
         "0.02-0.03",
         "--token-file",
@@ -236,7 +237,7 @@ def test_sends_behind_schedule_are_reported_as_generator_overload(
         "--target",
         "relay",
         "--stages",
-        "2s:100@50,4s:100",
+        "2s:100@50,4s:100,1s:100:quiet",  # a short quiet tail: the overload came before it
         "--pause",
         "0.001-0.002",
     )
