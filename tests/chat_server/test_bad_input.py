@@ -11,7 +11,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jwt
 import pytest
@@ -30,6 +30,7 @@ from chat_server.messages import (
     Send,
     Welcome,
 )
+from chat_server.settings import TRANSPORTS
 from tests.support import AUDIENCE, ISSUER, Client, KeyPair, ServerProcess
 
 pytestmark = pytest.mark.transports
@@ -46,6 +47,21 @@ def codec_server(request: pytest.FixtureRequest, start_server) -> ServerProcess:
         max_protocol_errors=50,
         max_body_chars=100,
     )
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def handshake_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, keys: KeyPair
+) -> Iterator[ServerProcess]:
+    """A default server per transport, shared by the tests of the handshake's answers (each
+    opens its own connections and closes them; none changes what the next one is told)."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("handshake"), keys, transport=request.param, event_loop="asyncio"
+    )
+    try:
+        yield server.start()
+    finally:
+        server.kill()
 
 
 def _text_frame_for(server: ServerProcess) -> str | bytes:
@@ -233,41 +249,45 @@ TOKEN_CASES: dict[str, Callable[[KeyPair], str | None]] = {
 
 
 @pytest.mark.parametrize("case", TOKEN_CASES)
-async def test_bad_token_is_refused_with_401(server: ServerProcess, keys: KeyPair, case: str):
+async def test_bad_token_is_refused_with_401(
+    handshake_server: ServerProcess, keys: KeyPair, case: str
+):
     token = TOKEN_CASES[case](keys)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with pytest.raises(InvalidStatus) as refused:
-        await connect(server.url, additional_headers=headers, open_timeout=10)
+        await connect(handshake_server.url, additional_headers=headers, open_timeout=10)
     response = refused.value.response
     assert response.status_code == 401
     assert response.body and len(response.body.decode().strip().splitlines()) == 1
 
 
-async def test_token_in_query_string_is_accepted(server: ServerProcess, keys: KeyPair):
-    async with connect(f"{server.url}?token={keys.mint('carol')}") as conn:
+async def test_token_in_query_string_is_accepted(handshake_server: ServerProcess, keys: KeyPair):
+    async with connect(f"{handshake_server.url}?token={keys.mint('carol')}") as conn:
         frame = await asyncio.wait_for(conn.recv(), 10)
         assert "carol" in frame
 
 
 async def test_wrong_subprotocol_gets_400_naming_ours_but_401_first(
-    server: ServerProcess, keys: KeyPair
+    handshake_server: ServerProcess, keys: KeyPair
 ):
     with pytest.raises(InvalidStatus) as refused:
         await connect(
-            server.url,
+            handshake_server.url,
             additional_headers={"Authorization": f"Bearer {keys.mint('alice')}"},
             subprotocols=["chatlab.protobuf"],
         )
     assert refused.value.response.status_code == 400
     assert b"chatlab.json" in refused.value.response.body
     with pytest.raises(InvalidStatus) as refused:
-        await connect(server.url, subprotocols=["chatlab.protobuf"])
+        await connect(handshake_server.url, subprotocols=["chatlab.protobuf"])
     assert refused.value.response.status_code == 401
 
 
-async def test_no_subprotocol_gets_the_servers_codec(server: ServerProcess, keys: KeyPair):
+async def test_no_subprotocol_gets_the_servers_codec(
+    handshake_server: ServerProcess, keys: KeyPair
+):
     async with connect(
-        server.url, additional_headers={"Authorization": f"Bearer {keys.mint('alice')}"}
+        handshake_server.url, additional_headers={"Authorization": f"Bearer {keys.mint('alice')}"}
     ) as conn:
         assert conn.subprotocol is None
         frame = await asyncio.wait_for(conn.recv(), 10)
