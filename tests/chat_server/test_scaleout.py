@@ -136,7 +136,13 @@ def assert_each_ack_follows_its_message(inbox: Inbox) -> None:
             assert frame.seq in seen, f"ack {frame.seq} before its message"
 
 
-@pytest.mark.transports  # the listening socket handed down, on each transport
+# the listening socket handed down, on each transport; the transport and what the workers
+# share meet nowhere (the broker never sees a socket), so one Redis kind each
+@pytest.mark.parametrize(
+    ("shared_redis", "transport"),
+    [("one_redis", "websockets"), ("cluster", "picows")],
+    indirect=True,
+)
 async def test_two_workers_share_a_room_in_seq_order_with_presence(
     start_server: Callable[..., ServerProcess],
     shared_redis: RedisProcess | RedisClusterProcesses,
