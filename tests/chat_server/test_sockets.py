@@ -36,7 +36,7 @@ async def test_a_dropped_slow_consumer_is_reset_and_its_socket_gone(start_server
         socket_send_buffer_bytes=SEND_BUFFER_BYTES,
         rate_limit_per_s=100000,
         rate_limit_burst=100000,
-        close_timeout_s=3,
+        close_timeout_s=2,  # a wait: the socket is looked at at once, then until it is gone
     )
     stuck = await Client.connect(server, keys.mint("stuck"), max_queue=1)
     await stuck.expect(Welcome)
