@@ -253,6 +253,8 @@ class RedisProcess(ServiceProcess):
         self.env = dict(os.environ)
         self.log_path = workdir / f"redis-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # ports it chose itself may be chosen again, until it has run once on them
+        self._ports_movable = port is None
 
     @property
     def url(self) -> str:
@@ -312,9 +314,28 @@ class RedisProcess(ServiceProcess):
         return False
 
     def start(self, timeout_s: float = 20) -> RedisProcess:
-        """Start and wait until it answers PING."""
-        self._start(timeout_s)
-        return self
+        """Start and wait until it answers PING.
+
+        On its first start, a port it chose itself that something took in the meantime
+        (:func:`free_port` only says it was free a moment ago; a client's outgoing
+        connection may take it) is chosen again, twice at most. Later starts keep their
+        ports: a restarted node is the same node.
+        """
+        retries = 2
+        while True:
+            try:
+                self._start(timeout_s)
+            except RuntimeError as exc:
+                taken = "Address already in use" in str(exc)
+                if not (taken and self._ports_movable and retries):
+                    raise
+                retries -= 1
+                self.port = free_port()
+                self.cluster_port = self.cluster_port and free_port()
+                self.log_path = self.workdir / f"redis-{self.port}.log"
+                continue
+            self._ports_movable = False
+            return self
 
     def call(self, *args: str) -> str:
         """``redis-cli`` against this server; its output (raises if it fails)."""
