@@ -82,7 +82,7 @@ class Load:
     def side_s(self) -> float:
         """About how many seconds the side measurements take after one run."""
         wire = 3.0 + 0.1 * self.wire_messages if self.wire_messages else 0.0
-        memory = len(self.memory_traffic) * (5 + self.memory_connections / 350)
+        memory = len(self.memory_traffic) * (4 + self.memory_connections / 700)
         return wire + (memory if self.memory_connections else 0.0)
 
     def fast_duration_s(self) -> float:

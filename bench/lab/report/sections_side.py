@@ -175,7 +175,13 @@ def side_plot(
                 color=colors.get(f.config),
                 label=f.config,
             )
-            ax.bar_label(bars, fmt="%.0f" if panel == "wire" else "%.1f", fontsize=7)
+            ax.bar_label(
+                bars,
+                fmt="%.0f" if panel == "wire" else "%.1f",
+                fontsize=7,
+                rotation=90 if len(figures) > 3 else 0,  # side by side, they would touch
+                padding=2,
+            )
         ax.set_xticks(range(len(groups)), [g if panel == "wire" else TRAFFIC[g] for g in groups])
         if panel == "wire":
             ax.set_ylabel("bytes on the wire per delivered message")
@@ -183,6 +189,7 @@ def side_plot(
         else:
             ax.set_ylabel("KiB of server RSS per connection")
             ax.set_title("Memory per connection")
+        ax.margins(y=0.12)  # room for the labels above the tallest bar
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].legend(fontsize=7, loc="upper left")
     return save_png(fig, out_png)
