@@ -75,8 +75,11 @@ if TYPE_CHECKING:
 # noise under load, so its logger starts at WARNING (LOG_LEVEL=debug shows it).
 picows_log = logging.getLogger("chat_server.transport.picows")
 
-#: the read buffer picows allocates per connection at first (its own default)
-READ_BUFFER_INIT_BYTES = 16 * 1024
+#: the read buffer picows allocates per connection at first; it doubles as data needs
+#: (a handshake, a long message). picows' own default, 16 KiB, held 27.9 KiB per idle
+#: connection against websockets' 9.5; 4 KiB holds 15.9, CPU per frame unchanged within
+#: the noise (bench.memory and bench.tail, 2026-11-27: the commit that set it says how)
+READ_BUFFER_INIT_BYTES = 4 * 1024
 
 TEXT = WSMsgType.TEXT
 BINARY = WSMsgType.BINARY

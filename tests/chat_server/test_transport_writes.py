@@ -17,7 +17,7 @@ import struct
 import pytest
 
 from chat_server.codecs import get_codec
-from chat_server.messages import Ack, Join, Joined, Message, Send, Welcome
+from chat_server.messages import Ack, Error, Join, Joined, Message, Presence, Send, Welcome
 from tests.support import Client, KeyPair
 
 pytestmark = pytest.mark.transports
@@ -133,3 +133,24 @@ async def test_frames_sent_right_behind_the_upgrade_request_are_handled_in_order
     assert (answers[2].body, answers[2].ref) == ("pipelined", "p1")
     assert (answers[3].seq, answers[3].ref) == (answers[2].seq, "p1")
     writer.close()
+
+
+async def test_what_outgrows_the_first_read_buffer_is_read_whole(start_server, keys: KeyPair):
+    """picows starts each connection's read buffer at 4 KiB (``READ_BUFFER_INIT_BYTES``)
+    and doubles it as data needs: a 6 KB handshake, the longest body allowed and a frame
+    of 60 KB (refused as ``too_large``, not cut or closed) are each read whole, and the
+    connection serves on."""
+    server = start_server()
+    client = await Client.connect(server, keys.mint("big"), user_agent_header="u" * 6000)
+    await client.expect(Welcome)
+    await client.join("big")
+    body = "b" * 4000  # MAX_BODY_CHARS
+    await client.say("big", body, ref="long")
+    assert (await client.expect(Message)).body == body
+    assert (await client.expect(Ack)).ref == "long"
+    await client.say("big", "c" * 60_000, ref="too long")
+    error = await client.expect(Error, skip=(Presence,))
+    assert (error.code, error.ref) == ("too_large", "too long")
+    await client.say("big", "small", ref="after")
+    assert (await client.expect(Message)).body == "small"
+    await client.close()
