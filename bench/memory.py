@@ -142,6 +142,7 @@ async def measure(
         server.stop()
     return {
         "deflate": deflate,
+        "transport": server.env.get("TRANSPORT", "websockets"),
         "traffic": traffic,
         "connections": connections,
         "rss_before_bytes": before,
@@ -166,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=1000, help="connections [1000]")
     parser.add_argument("--serializer", default="orjson", choices=["json", "orjson", "protobuf"])
     parser.add_argument(
+        "--transport",
+        default="websockets",
+        choices=["websockets", "picows"],
+        help="the server's TRANSPORT [websockets] (picows: no WS_DEFLATE=on)",
+    )
+    parser.add_argument(
         "--deflate",
         type=lambda raw: _modes(raw, DEFLATE_MODES),
         default=list(DEFLATE_MODES),
@@ -187,10 +194,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"measuring WS_DEFLATE={deflate}, {traffic} ...", file=sys.stderr)
                 results.append(
                     asyncio.run(
-                        measure(deflate, traffic, args.connections, args.serializer, Path(tmp))
+                        measure(
+                            deflate,
+                            traffic,
+                            args.connections,
+                            args.serializer,
+                            Path(tmp),
+                            settings={"TRANSPORT": args.transport},
+                        )
                     )
                 )
-    print(f"chat server RSS per connection ({args.connections} connections, uvloop)")
+    print(
+        f"chat server RSS per connection ({args.connections} connections, uvloop, {args.transport})"
+    )
     print(
         f"{'WS_DEFLATE':<11}{'traffic':<9}{'RSS before':>14}{'RSS after':>14}{'per connection':>18}"
     )

@@ -76,9 +76,8 @@ if TYPE_CHECKING:
 picows_log = logging.getLogger("chat_server.transport.picows")
 
 #: the read buffer picows allocates per connection at first; it doubles as data needs
-#: (a handshake, a long message). picows' own default, 16 KiB, held 27.9 KiB per idle
-#: connection against websockets' 9.5; 4 KiB holds 15.9, CPU per frame unchanged within
-#: the noise (bench.memory and bench.tail, 2026-11-27: the commit that set it says how)
+#: (a handshake, a long message). Smaller than picows' own default (16 KiB): an idle
+#: connection holds one page of it (`python -m bench.memory --transport picows`)
 READ_BUFFER_INIT_BYTES = 4 * 1024
 
 TEXT = WSMsgType.TEXT

@@ -45,6 +45,19 @@ def test_memory_bench_measures_deflate_settings_idle_and_after_traffic(tmp_path:
     assert all(r["rss_after_bytes"] > 0 for r in rows)
 
 
+def test_memory_bench_runs_the_transport_asked_for(tmp_path: Path):
+    out = tmp_path / "memory.json"
+    args = ("--connections", "20", "--transport", "picows", "--json", str(out))
+    result = _run("bench.memory", *args, "--deflate", "shared")
+    assert result.returncode == 0, result.stderr
+    assert [(r["transport"], r["deflate"]) for r in json.loads(out.read_text())] == [
+        ("picows", "shared")
+    ]
+    # the server got it: picows refuses deflate with context takeover at start
+    refused = _run("bench.memory", *args, "--deflate", "on")
+    assert refused.returncode != 0 and "WS_DEFLATE=on needs TRANSPORT=websockets" in refused.stderr
+
+
 def test_wire_bench_reports_bytes_per_delivered_message_for_each_deflate_setting(tmp_path: Path):
     out = tmp_path / "wire.json"
     result = _run("bench.wire", "--rooms", "1", "--messages", "2", "--json", str(out))
