@@ -17,11 +17,18 @@ Each room has these keys (the ``{room}`` hash tag keeps them in one slot):
 ``chat:{room}:commit:<writer>``
     the last batch this process committed to the room (``"<batch> <first seq>"``,
     expiring after a day): it makes each batch run at most once (see Outages);
+``chat:{room}:sent:<body digest> <user> <ref>``
+    a send with a ``ref``: its ``seq``, expiring after ``SEND_REF_WINDOW_S``, one key
+    per ref *and body*. The commit script answers a send with the same user, room,
+    ref and body by that ``seq`` and neither stores nor publishes it again, so a
+    retry is stored once whichever process takes it (idempotent sends), and a ref
+    reused with several bodies answers each with its own ``seq``;
 ``chat:{room}:ref:<user> <ref>``
-    a send with a ``ref``: ``"<body digest> <seq>"``, expiring after
-    ``SEND_REF_WINDOW_S``. The commit script answers a send with the same user,
-    room, ref and body by that ``seq`` and neither stores nor publishes it again, so
-    a retry is stored once whichever process takes it (idempotent sends);
+    the earlier layout's key: ``"<body digest> <seq>"`` of the newest body sent with
+    that ref, also expiring after ``SEND_REF_WINDOW_S``. Still written and read as a
+    fallback, so that during a rolling upgrade a retry that crosses between a process of
+    each version is stored once (as the earlier version promised: for the newest body
+    per ref);
 ``chat:{room}:users``, ``chat:{room}:pv``, ``chat:{room}:held``, ``chat:{room}:leases``
     the room's shared presence (see :mod:`chat_server.broker.presence`),
 
@@ -91,10 +98,16 @@ def stream_key(room: str) -> str:
     return f"chat:{{{room}}}:log"
 
 
-def send_ref_prefix(room: str) -> str:
-    """The prefix of ``room``'s send-ref keys: ``<prefix><user> <ref>`` holds
-    ``"<body digest> <seq>"`` for ``SEND_REF_WINDOW_S`` (idempotent sends)."""
-    return f"chat:{{{room}}}:ref:"
+def send_key(room: str, user: str, ref: str, digest: str) -> str:
+    """The key holding the ``seq`` of ``user``'s send to ``room`` with ``ref`` and the body
+    whose digest is ``digest`` (idempotent sends, for ``SEND_REF_WINDOW_S``)."""
+    return f"chat:{{{room}}}:sent:{digest} {user} {ref}"
+
+
+def legacy_send_ref_key(room: str, user: str, ref: str) -> str:
+    """The earlier layout's key of ``user``'s ``ref`` in ``room``: ``"<body digest> <seq>"``
+    of the newest body (kept for processes of that version during a rolling upgrade)."""
+    return f"chat:{{{room}}}:ref:{user} {ref}"
 
 
 def durable_key(room: str) -> str:

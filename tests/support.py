@@ -42,6 +42,7 @@ __all__ = [
     "ISSUER",
     "ROOT",
     "Client",
+    "InProcessConnection",
     "KeyPair",
     "RedisClusterProcesses",
     "RedisProcess",
@@ -51,6 +52,7 @@ __all__ = [
     "note_answer",
     "opens_chat",
     "running_relay",
+    "settled",
     "stored_history",
 ]
 
@@ -90,6 +92,43 @@ def note_answer(frame: Any, acked: dict[str, int], refused: dict[str, str]) -> N
         acked[frame.ref or ""] = frame.seq
     elif isinstance(frame, Error):
         refused[frame.ref or ""] = frame.code
+
+
+class InProcessConnection:
+    """One connection to a :class:`~chat_server.service.ChatService` run in the test's own
+    process (no socket): what the service sends it lands decoded in ``frames``."""
+
+    def __init__(self, service: Any, user: str, codec: str = "orjson") -> None:
+        self.codec = get_codec(codec)
+        self.frames: list[ServerMessage] = []
+        self.closed: tuple[int, str] | None = None
+        self.session = service.open(user, self._send, self._paced, self._close)
+        self.service = service
+
+    def _send(self, frame: bytes) -> None:
+        self.frames.append(self.codec.decode_server(frame.decode()))
+
+    async def _paced(self, frame: bytes) -> None:
+        self._send(frame)
+
+    def _close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+    def send(self, message: ClientMessage) -> None:
+        """Hand the service one frame from this connection, as the transport would."""
+        self.service.on_frame(self.session, self.codec.encode_client(message).decode())
+
+    def of(self, kind: type) -> list[Any]:
+        """The frames of ``kind`` received so far, in order."""
+        return [frame for frame in self.frames if isinstance(frame, kind)]
+
+
+async def settled(service: Any) -> None:
+    """Let an in-process service's store commit what it holds and the loop run what the
+    commit scheduled (its acks and deliveries)."""
+    await service.store.flush()
+    for _ in range(5):
+        await asyncio.sleep(0)
 
 
 class Client:

@@ -94,10 +94,11 @@ from chat_server.redis_rooms import (
     commit_key,
     durable_key,
     encode_entry,
+    legacy_send_ref_key,
     raise_if_cancelled,
     room_channel,
     run_scripts,
-    send_ref_prefix,
+    send_key,
     seq_key,
     stream_key,
     stream_messages,
@@ -127,7 +128,8 @@ ACK_WAIT_MS: Final = 1000
 COMMIT_SCRIPT: Final = Script("""
 -- KEYS[1] the room's seq, KEYS[2] its stream, KEYS[3] this writer's commit marker,
 -- KEYS[4] the room's durable seq,
--- KEYS[5..] the send-ref key of each message that has a digest below, in order
+-- KEYS[5..] two send-ref keys of each message that has a digest below, in order: its own
+-- (``sent:``, one per ref and body) and the one-per-ref key of the earlier layout
 -- ARGV[1] the room's channel, ARGV[2] the batch number (rising with each batch of this
 -- writer), ARGV[3] HISTORY_MAX (0: all), ARGV[4] SEND_REF_WINDOW_S (0: off),
 -- ARGV[5] "1" when no replica is waited for (mark durable and publish here), else "0"
@@ -136,7 +138,8 @@ COMMIT_SCRIPT: Final = Script("""
 -- message's body digest when it has a ref and the window is on, else "".
 -- Returns the answer "<first seq>[ <index>:<seq>...]": the new messages are numbered
 -- from the first seq in order; each listed index (0-based) repeats the send stored
--- with that seq within the window and is not stored or published again.
+-- with that seq within the window (same user, ref and body) and is not stored or
+-- published again.
 local marker = redis.call('GET', KEYS[3])
 if marker then
   -- this batch ran already (a retry after a lost reply): answer as it did, storing
@@ -165,19 +168,28 @@ local window = tonumber(ARGV[4])
 local answer = {string.format('%d', first)}
 local fresh = {}
 local fresh_refs = {}
+local in_batch = {}
 local ref_keys = 4
 for i = 1, n do
   local digest = ARGV[5 + n + i]
   local repeated = nil
   if digest ~= '' then
-    ref_keys = ref_keys + 1
-    local key = KEYS[ref_keys]
-    local stored = redis.call('GET', key)
-    if stored then
-      local stored_digest, stored_seq = string.match(stored, '^(%x+) (%d+)$')
-      if stored_digest == digest then repeated = stored_seq end
+    local key, legacy = KEYS[ref_keys + 1], KEYS[ref_keys + 2]
+    ref_keys = ref_keys + 2
+    repeated = in_batch[key] or redis.call('GET', key)
+    if not repeated then
+      -- stored by a process of the earlier layout (a rolling upgrade): it kept the
+      -- newest body per ref, with its own seq
+      local stored = redis.call('GET', legacy)
+      if stored then
+        local stored_digest, stored_seq = string.match(stored, '^(%x+) (%d+)$')
+        if stored_digest == digest then repeated = stored_seq end
+      end
     end
-    if not repeated then fresh_refs[#fresh + 1] = {key, digest} end
+    if not repeated then
+      fresh_refs[#fresh + 1] = {key, legacy, digest}
+      in_batch[key] = string.format('%d', first + #fresh)
+    end
   end
   if repeated then
     answer[#answer + 1] = string.format('%d:%s', i - 1, repeated)
@@ -191,8 +203,10 @@ for i = 1, #fresh do
   redis.call('XADD', KEYS[2], string.format('%d-0', first + i - 1), 'm', fresh[i])
   local send_ref = fresh_refs[i]
   if send_ref then
-    redis.call('SET', send_ref[1],
-      send_ref[2] .. ' ' .. string.format('%d', first + i - 1), 'EX', window)
+    local seq = string.format('%d', first + i - 1)
+    redis.call('SET', send_ref[1], seq, 'EX', window)
+    -- what a process of the earlier layout reads (the newest body per ref)
+    redis.call('SET', send_ref[2], send_ref[3] .. ' ' .. seq, 'EX', window)
   end
 end
 if ARGV[5] == '0' and #fresh > 0 and redis.call('EXISTS', KEYS[4]) == 0 then
@@ -591,8 +605,10 @@ class RedisHistoryStore(LedgerStore):
         digests = []
         for message, _ in items:
             if self._refs_on and message.ref is not None:
-                ref_keys.append(f"{send_ref_prefix(room)}{message.user} {message.ref}")
-                digests.append(_body_digest(message))
+                digest = _body_digest(message)
+                ref_keys.append(send_key(room, message.user, message.ref, digest))
+                ref_keys.append(legacy_send_ref_key(room, message.user, message.ref))
+                digests.append(digest)
             else:
                 digests.append("")
         keys = [

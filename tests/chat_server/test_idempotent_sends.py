@@ -11,9 +11,10 @@ import signal
 import time
 from collections.abc import Callable
 
+import pytest
 from websockets.exceptions import ConnectionClosed
 
-from chat_server.messages import Ack, Error, Message, Presence, Welcome
+from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
 from chat_server.redis_rooms import connect_redis, read_range
 from tests.support import Client, KeyPair, ServerProcess, note_answer, stored_history
 
@@ -66,6 +67,39 @@ async def test_a_repeat_while_the_original_is_in_flight_is_not_duplicated(
     assert acks[0].seq == acks[1].seq == 1
     stored = await stored_history(server, keys.mint("reader"), ROOM)
     assert [m.seq for m in stored] == [1]
+
+
+@pytest.mark.transports
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+async def test_a_ref_reused_with_two_bodies_in_one_write_acks_each_with_its_own_seq(
+    start_server, keys: KeyPair, store: str, request: pytest.FixtureRequest
+):
+    """A hostile (or careless) client reuses one ref for two bodies, in one write: each body
+    is stored once and every repeat of either is acked with its own message's seq."""
+    extra = {}
+    if store == "redis":
+        extra = {"broker": "redis", "redis_url": request.getfixturevalue("redis_server").url}
+    server = start_server(event_loop="asyncio", **NO_LIMITS, **extra)
+    alice = await _joined(server, keys, "alice")
+    await _joined(server, keys, "bob")
+    await alice.expect(Presence)
+    # both frames in one write, so that they land in one read and one commit batch
+    protocol = alice.conn.protocol
+    for body in ("one", "two"):
+        protocol.send_text(alice.codec.encode_client(Send(room=ROOM, body=body, ref="c")))
+    alice.conn.transport.writelines(protocol.data_to_send())
+    acks = [await alice.expect(Ack, skip=(Message,)) for _ in range(2)]
+    assert sorted(ack.seq for ack in acks) == [1, 2]
+    seq_of = {m.body: m.seq for m in await stored_history(server, keys.mint("reader"), ROOM)}
+    assert sorted(seq_of) == ["one", "two"]
+    # repeats of either body, in either order: each its own seq, nothing stored again
+    for body in ("two", "one", "two"):
+        await alice.say(ROOM, body, ref="c")
+        again = await alice.expect(Ack, skip=(Message,))
+        assert (again.seq, again.ref) == (seq_of[body], "c")
+    stored = await stored_history(server, keys.mint("reader"), ROOM)
+    assert [(m.seq, m.body) for m in stored] == [(seq_of["one"], "one"), (seq_of["two"], "two")]
+    assert server.stats()["repeated_sends"] == 3
 
 
 async def _fault_then_retry(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chat_server.codecs import get_codec
-from chat_server.core.chat import ChatCore, EncodingPerRecipientCore, Session
+from chat_server.core.chat import ChatCore, EncodingPerRecipientCore
 from chat_server.messages import (
     Ack,
     Error,
@@ -23,46 +23,14 @@ from chat_server.messages import (
     Joined,
     Message,
     Send,
-    ServerMessage,
     Welcome,
 )
 from chat_server.service import ChatService
 from chat_server.settings import Settings
 from chat_server.wiring import build_service
+from tests.support import InProcessConnection, settled
 
 CODEC = get_codec("orjson")
-
-
-class Connection:
-    """One in-process connection: what the service sends it, decoded."""
-
-    def __init__(self, service: ChatService, user: str) -> None:
-        self.frames: list[ServerMessage] = []
-        self.closed: tuple[int, str] | None = None
-        self.session: Session = service.open(user, self._send, self._paced, self._close)
-        self.service = service
-
-    def _send(self, frame: bytes) -> None:
-        self.frames.append(CODEC.decode_server(frame.decode()))
-
-    async def _paced(self, frame: bytes) -> None:
-        self._send(frame)
-
-    def _close(self, code: int, reason: str) -> None:
-        self.closed = (code, reason)
-
-    def send(self, message: Join | Send | HistoryRequest) -> None:
-        self.service.on_frame(self.session, CODEC.encode_client(message).decode())
-
-    def of(self, kind: type) -> list:
-        return [frame for frame in self.frames if isinstance(frame, kind)]
-
-
-async def _settled(service: ChatService) -> None:
-    """Let the writer commit and the loop run what the commit scheduled."""
-    await service.store.flush()
-    for _ in range(5):
-        await asyncio.sleep(0)
 
 
 def _settings(tmp_path: Path, **values: str) -> Settings:
@@ -79,13 +47,13 @@ async def service(tmp_path: Path) -> AsyncIterator[ChatService]:
 
 
 async def test_a_send_is_stored_delivered_to_every_member_then_acked(service: ChatService):
-    alice, bob = Connection(service, "alice"), Connection(service, "bob")
+    alice, bob = InProcessConnection(service, "alice"), InProcessConnection(service, "bob")
     assert alice.of(Welcome) == [Welcome(user="alice", codec="orjson")]
     alice.send(Join(room="lobby"))
     bob.send(Join(room="lobby"))
-    await _settled(service)
+    await settled(service)
     alice.send(Send(room="lobby", body="hi", ref="r1"))
-    await _settled(service)
+    await settled(service)
     delivered = Message(room="lobby", seq=1, user="alice", body="hi", ts=0, ref="r1")
     for member in (alice, bob):
         (message,) = member.of(Message)
@@ -104,14 +72,14 @@ async def test_a_send_is_stored_delivered_to_every_member_then_acked(service: Ch
 
 
 async def test_history_and_a_repeated_ref_read_what_was_committed(service: ChatService):
-    alice = Connection(service, "alice")
+    alice = InProcessConnection(service, "alice")
     alice.send(Join(room="lobby"))
     for n in range(3):
         alice.send(Send(room="lobby", body=f"m{n}", ref=f"r{n}"))
-    await _settled(service)
+    await settled(service)
     alice.send(Send(room="lobby", body="m1", ref="r1"))  # a retry: answered, not stored
     alice.send(HistoryRequest(room="lobby"))
-    await _settled(service)
+    await settled(service)
     await asyncio.sleep(0.05)  # the history read runs on the store's reader thread
     (history,) = alice.of(History)
     assert [m.body for m in history.messages] == ["m0", "m1", "m2"]
@@ -122,25 +90,25 @@ async def test_history_and_a_repeated_ref_read_what_was_committed(service: ChatS
 async def test_a_send_outside_a_room_is_a_typed_error_and_others_are_served(
     service: ChatService,
 ):
-    alice, bob = Connection(service, "alice"), Connection(service, "bob")
+    alice, bob = InProcessConnection(service, "alice"), InProcessConnection(service, "bob")
     bob.send(Join(room="lobby"))
     alice.send(Send(room="lobby", body="hi", ref="x"))
     bob.send(Send(room="lobby", body="still here"))
-    await _settled(service)
+    await settled(service)
     assert [(e.code, e.ref) for e in alice.of(Error)] == [("not_in_room", "x")]
     assert [m.body for m in bob.of(Message)] == ["still here"]
     assert service.errors_sent() == {"not_in_room": 1}
 
 
 async def test_a_session_joining_with_since_gets_what_it_missed(service: ChatService):
-    alice = Connection(service, "alice")
+    alice = InProcessConnection(service, "alice")
     alice.send(Join(room="lobby"))
     for n in range(4):
         alice.send(Send(room="lobby", body=f"m{n}"))
-    await _settled(service)
-    late = Connection(service, "carol")
+    await settled(service)
+    late = InProcessConnection(service, "carol")
     late.send(Join(room="lobby", since=2))
-    await _settled(service)
+    await settled(service)
     await asyncio.sleep(0.05)
     assert late.of(Joined)[0].last_seq == 4
     assert [m.seq for m in late.of(Message)] == [3, 4]
@@ -157,11 +125,11 @@ async def test_the_wiring_chooses_the_core_by_regression_and_both_deliver(
     assert type(built.core) is core_class
     await built.start()
     try:
-        alice, bob = Connection(built, "alice"), Connection(built, "bob")
+        alice, bob = InProcessConnection(built, "alice"), InProcessConnection(built, "bob")
         alice.send(Join(room="r"))
         bob.send(Join(room="r"))
         alice.send(Send(room="r", body="one"))
-        await _settled(built)
+        await settled(built)
         assert [m.body for m in bob.of(Message)] == ["one"]
     finally:
         await built.close()

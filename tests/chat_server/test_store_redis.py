@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ from redis.exceptions import ResponseError
 
 from chat_server.errors import StoreUnavailable
 from chat_server.messages import Message
-from chat_server.redis_rooms import connect_redis
+from chat_server.redis_rooms import connect_redis, legacy_send_ref_key, send_key
 from chat_server.store.base import BatchResult
 from chat_server.store.redis import COMMIT_SCRIPT, RedisHistoryStore
 from tests.support import RedisProcess
@@ -152,12 +153,61 @@ async def test_a_repeated_ref_is_stored_once_across_stores(open_store: StoreFact
     assert seqs == {"original": 1, "retry": 1, "new": 2, "reused ref": 3}
     stored = await first.after("lobby", 0, 10)
     assert [(m.seq, m.body) for m in stored] == [(1, "hello"), (2, "new"), (3, "other body")]
-    # the reused ref now names the newer body; a send without ref is never a repeat
+    # a reused ref keeps every body's seq; a send without ref is never a repeat
     second.submit(make_message(body="other body", ref="c-1"), "again")
+    second.submit(make_message(body="hello", ref="c-1"), "first body again")
     second.submit(make_message(body="hello"), "no ref")
     await second.flush()
     seqs = {ctx: m.seq for r in second_results for m, ctx in r.items}
-    assert (seqs["again"], seqs["no ref"]) == (3, 4)
+    assert (seqs["again"], seqs["first body again"], seqs["no ref"]) == (3, 1, 4)
+
+
+async def test_one_batch_with_a_ref_reused_for_two_bodies_stores_each_once(
+    open_store: StoreFactory,
+):
+    store, results = await open_store(send_ref_window_s=60)
+    store.submit(make_message(body="one", ref="c"), "one")
+    store.submit(make_message(body="two", ref="c"), "two")
+    store.submit(make_message(body="two", ref="c"), "two again")  # in the same script run
+    await store.flush()
+    other, other_results = await open_store(send_ref_window_s=60)
+    for body in ("one", "two"):
+        other.submit(make_message(body=body, ref="c"), f"{body} elsewhere")
+    await other.flush()
+    seqs = {ctx: m.seq for r in results + other_results for m, ctx in r.items}
+    assert seqs == {"one": 1, "two": 2, "two again": 2, "one elsewhere": 1, "two elsewhere": 2}
+    assert [(m.seq, m.body) for m in await store.after("lobby", 0, 10)] == [(1, "one"), (2, "two")]
+
+
+def _digest(body: str) -> str:
+    return hashlib.blake2b(body.encode(), digest_size=8).hexdigest()
+
+
+async def test_a_rolling_upgrade_keeps_retries_once_across_both_layouts(
+    open_store: StoreFactory, redis_server: RedisProcess
+):
+    """A process of the earlier version kept one key per ref (the newest body's digest and
+    seq): its sends are repeats to the new script, and the new script's sends are repeats
+    to it (it still writes that key)."""
+    store, results = await open_store(send_ref_window_s=60)
+    client = connect_redis(redis_server.url)
+    try:
+        # what an earlier process left after storing "hello" as seq 1
+        store.submit(make_message(body="hello"), "stored by the old process")
+        await store.flush()
+        await client.set(legacy_send_ref_key("lobby", "alice", "c-1"), f"{_digest('hello')} 1")
+        store.submit(make_message(body="hello", ref="c-1"), "retry through a new process")
+        store.submit(make_message(body="new", ref="c-2"), "new")
+        await store.flush()
+        seqs = {ctx: m.seq for r in results for m, ctx in r.items}
+        assert seqs["retry through a new process"] == 1 and seqs["new"] == 2
+        # what an earlier process reads for c-2: the new script wrote it its way
+        legacy = await client.get(legacy_send_ref_key("lobby", "alice", "c-2"))
+        assert legacy == f"{_digest('new')} 2".encode()
+        assert 0 < await client.ttl(legacy_send_ref_key("lobby", "alice", "c-2")) <= 60
+        assert await client.get(send_key("lobby", "alice", "c-2", _digest("new"))) == b"2"
+    finally:
+        await client.aclose()
 
 
 async def test_without_a_window_refs_are_not_keys(open_store: StoreFactory):
