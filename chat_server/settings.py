@@ -239,7 +239,7 @@ SPECS: tuple[Spec, ...] = (
         "send_ref_max",
         "100000",
         integer(1),
-        "(ref, body) pairs of committed sends remembered for SEND_REF_WINDOW_S at most (oldest forgotten first)",
+        "committed (ref, body) pairs kept for SEND_REF_WINDOW_S at most (oldest forgotten first)",
     ),
     Spec(
         "STORE_BATCH_MAX",
