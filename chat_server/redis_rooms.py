@@ -23,7 +23,9 @@ Each room has these keys (the ``{room}`` hash tag keeps them in one slot):
     room, ref and body by that ``seq`` and neither stores nor publishes it again, so
     a retry is stored once whichever process takes it (idempotent sends);
 ``chat:{room}:users``, ``chat:{room}:pv``, ``chat:{room}:held``, ``chat:{room}:leases``
-    the room's shared presence (see :mod:`chat_server.broker.presence`),
+    the room's shared presence (see :mod:`chat_server.broker.presence`), expiring
+    ``PRESENCE_LEASE_S`` after the room's last lease ends (``seq``, ``log`` and
+    ``durable`` never expire),
 
 and a sharded pub/sub channel ``chat:{room}`` (:func:`room_channel`, in the room's
 slot) on which the store ``SPUBLISH``\\ es each batch, once durable, as ``M<first seq>

@@ -9,14 +9,16 @@ itself (``SCAN``, ``TTL``), as an operator would.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
-from chat_server.messages import Ack, Error, Join, Joined, Message, Welcome
-from tests.support import Client, KeyPair, RedisProcess, ServerProcess
+from chat_server.messages import Ack, Error, Join, Joined, Message, Presence, Welcome
+from tests.support import Client, KeyPair, RedisProcess, ServerProcess, wait_until
 
 #: a small cap, so the test joins past it in a few frames (within the default rate limit)
 CAP = 5
@@ -101,3 +103,88 @@ async def test_joins_past_the_cap_get_too_many_rooms_and_an_honest_client_is_ser
     assert (await hostile.join(rooms[CAP])).room == rooms[CAP]
     await hostile.close()
     await honest.close()
+
+
+async def test_presence_keys_expire_once_no_lease_holds_them_and_history_stays(
+    start_server: Callable[..., ServerProcess],
+    redis_server: RedisProcess,
+    redis_client: redis.Redis,
+    keys: KeyPair,
+):
+    server = start_server(broker="redis", redis_url=redis_server.url, presence_lease_s=LEASE_S)
+    alice = await connect(server, keys, "alice")
+    bob = await connect(server, keys, "bob")
+    for room in ("kept", "quiet"):  # kept gets a message (history), quiet none
+        await alice.join(room)
+        await bob.join(room)
+        await alice.expect(Presence)
+    await alice.say("kept", "hello", ref="h")
+    await alice.expect(Ack, skip=(Message,))
+    assert all(redis_client.exists(key) for key in presence_keys("kept"))
+    assert keys_without_expiry(redis_client) == []  # held, and still every key expires
+    version_before = int(redis_client.get("chat:{kept}:pv"))
+    await alice.close()
+    await bob.close()
+
+    presence = [*presence_keys("kept"), *presence_keys("quiet")]
+    await wait_until(
+        lambda: not any(redis_client.exists(key) for key in presence),
+        timeout_s=20,
+        what="the presence keys of rooms nobody holds expire",
+    )
+    assert keys_without_expiry(redis_client) == []
+    history = [f"chat:{{kept}}{suffix}" for suffix in HISTORY_SUFFIXES]
+    assert [redis_client.ttl(key) for key in history] == [-1, -1, -1]  # history stays
+    assert rooms_with_keys(redis_client) == {"kept"}  # the commit marker, the ref: expiring
+
+    # rejoining: the right members, the stored history, a version above every earlier one
+    alice = await connect(server, keys, "alice")
+    joined = await alice.join("kept")
+    assert (joined.members, joined.last_seq) == (["alice"], 1)
+    bob = await connect(server, keys, "bob")
+    assert (await bob.join("kept")).members == ["alice", "bob"]
+    assert await alice.expect(Presence) == Presence(room="kept", user="bob", event="join")
+    assert int(redis_client.get("chat:{kept}:pv")) > version_before
+    await alice.close()
+    await bob.close()
+
+
+async def test_a_process_that_kept_a_room_while_its_keys_expired_follows_its_presence(
+    start_server: Callable[..., ServerProcess],
+    redis_server: RedisProcess,
+    redis_client: redis.Redis,
+    keys: KeyPair,
+):
+    """A process frozen past its lease keeps its feed of the room (and the last presence
+    version it applied) while the room's keys expire and start again: the new versions
+    must not look old to it, or it would drop every change from then on."""
+    shared = {"broker": "redis", "redis_url": redis_server.url, "presence_lease_s": LEASE_S}
+    frozen, other = start_server(**shared), start_server(**shared)
+    alice = await connect(frozen, keys, "alice")
+    bob = await connect(other, keys, "bob")
+    await alice.join("r")
+    for _ in range(2):  # some versions for the frozen process to remember
+        await bob.join("r")
+        assert await alice.expect(Presence) == Presence(room="r", user="bob", event="join")
+        await bob.leave("r")
+        assert await alice.expect(Presence) == Presence(room="r", user="bob", event="leave")
+    version_before = int(redis_client.get("chat:{r}:pv"))
+
+    assert frozen.proc is not None
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    try:
+        await wait_until(
+            lambda: not redis_client.exists("chat:{r}:pv"),
+            timeout_s=20,
+            what="the keys expire under the frozen process",
+        )
+        assert (await bob.join("r")).members == ["bob"]  # alice's lease lapsed
+    finally:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+    assert await alice.expect(Presence, 20) == Presence(room="r", user="bob", event="join")
+    assert await bob.expect(Presence, 20) == Presence(room="r", user="alice", event="join")
+    await bob.leave("r")
+    assert await alice.expect(Presence) == Presence(room="r", user="bob", event="leave")
+    assert int(redis_client.get("chat:{r}:pv")) > version_before
+    await alice.close()
+    await bob.close()
