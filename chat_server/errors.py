@@ -20,13 +20,23 @@ class ErrorCode(enum.StrEnum):
     INVALID_ROOM = "invalid_room"
     TOO_LARGE = "too_large"
     NOT_IN_ROOM = "not_in_room"
+    TOO_MANY_ROOMS = "too_many_rooms"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 
 
 # Codes that do not count towards MAX_PROTOCOL_ERRORS: they are not the client's fault
-# (unavailable, internal) or are counted by the flood rule instead (rate_limited).
-UNCOUNTED_CODES = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
+# (unavailable, internal), are counted by the flood rule instead (rate_limited), or refuse
+# a well-formed request that holds nothing (too_many_rooms: a client restoring more rooms
+# than the cap after a reconnect would otherwise be closed, reconnect and try again).
+UNCOUNTED_CODES = frozenset(
+    {
+        ErrorCode.RATE_LIMITED,
+        ErrorCode.TOO_MANY_ROOMS,
+        ErrorCode.UNAVAILABLE,
+        ErrorCode.INTERNAL,
+    }
+)
 
 
 class ChatError(Exception):

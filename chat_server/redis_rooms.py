@@ -30,7 +30,9 @@ Each room has these keys (the ``{room}`` hash tag keeps them in one slot):
     each version is stored once (as the earlier version promised: for the newest body
     per ref);
 ``chat:{room}:users``, ``chat:{room}:pv``, ``chat:{room}:held``, ``chat:{room}:leases``
-    the room's shared presence (see :mod:`chat_server.broker.presence`),
+    the room's shared presence (see :mod:`chat_server.broker.presence`), expiring
+    ``PRESENCE_LEASE_S`` after the room's last lease ends (``seq``, ``log`` and
+    ``durable`` never expire),
 
 and a sharded pub/sub channel ``chat:{room}`` (:func:`room_channel`, in the room's
 slot) on which the store ``SPUBLISH``\\ es each batch, once durable, as ``M<first seq>

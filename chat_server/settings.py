@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from chat_server.core.chat import MAX_ROOMS_PER_CONNECTION_DEFAULT
 from chat_server.store.sqlite_policy import (
     COMMIT_PLACES,
     DEFAULT_BATCH_MAX,
@@ -423,6 +424,13 @@ SPECS: tuple[Spec, ...] = (
     ),
     Spec("RATE_LIMIT_BURST", "rate_limit_burst", "100", integer(1), "token bucket size"),
     Spec(
+        "MAX_ROOMS_PER_CONNECTION",
+        "max_rooms_per_connection",
+        str(MAX_ROOMS_PER_CONNECTION_DEFAULT),
+        integer(1),
+        "rooms one connection may be in at once; a join past it gets too_many_rooms",
+    ),
+    Spec(
         "MAX_HISTORY_BYTES",
         "max_history_bytes",
         "262144",
@@ -547,6 +555,7 @@ class Settings(SpecSettings):
     socket_send_buffer_bytes: int
     rate_limit_per_s: float
     rate_limit_burst: int
+    max_rooms_per_connection: int
     max_history_bytes: int
     history_max: int
     max_connections: int

@@ -80,6 +80,7 @@ def build_service(
         max_protocol_errors=settings.max_protocol_errors,
         rate_limit_per_s=settings.rate_limit_per_s,
         rate_limit_burst=settings.rate_limit_burst,
+        max_rooms_per_connection=settings.max_rooms_per_connection,
         room_opened=broker.subscribe,
         room_closed=broker.unsubscribe,
         remote_members=broker.members,

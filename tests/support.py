@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ __all__ = [
     "running_relay",
     "settled",
     "stored_history",
+    "wait_until",
 ]
 
 
@@ -83,6 +84,16 @@ def chromium_dom(page: Path, profile: Path, width: int = 1280) -> str:
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
     return dom.stdout
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = 30, what: str = "") -> None:
+    """Return once ``condition()`` holds, polling; AssertionError after ``timeout_s`` (a guard
+    against hanging, not a timing assertion: give it room)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what or condition}")
+        await asyncio.sleep(0.05)
 
 
 def note_answer(frame: Any, acked: dict[str, int], refused: dict[str, str]) -> None:

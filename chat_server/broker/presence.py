@@ -21,8 +21,36 @@ changed. A process renews its lease in every room it holds users in every third 
 first releases the processes whose lease in that room ran out, with leave events. So a
 killed process' members vanish within about ``PRESENCE_LEASE_S`` from every room some
 live process holds, and a room nobody live holds is swept by the snapshot of the next
-process that joins it. A live process renews long before its lease ends, so its users
-never flap.
+process that joins it (before its keys expired). A live process renews long before its
+lease ends, so its users never flap.
+
+**Expiry.** Every script that writes a room's presence (a renewal too) ends by giving
+its four keys one expiry: the end of the latest lease in ``:leases`` plus a grace, the
+writer's ``PRESENCE_LEASE_S`` (with no lease left, the grace alone). A live holder renews
+every third of its lease, so the keys never expire under it; once no lease holds the
+room they expire a grace after the last member left it, or a grace after the last lease
+ended when its last process died. ``:users``, ``:held`` and ``:leases`` are empty by then
+when everyone left cleanly (Redis deletes an empty hash or sorted set); what a dead
+process left goes with them, unannounced: nobody holds the room to be told. Renewal
+stays one script per room and process, whatever the number of connections there, sent
+in one pipeline per renewal; the expiry adds five cheap commands to it.
+
+**The version never goes back.** Readers (each process'
+:class:`~chat_server.broker.feed.RoomFeed`) drop a change whose version is not above the
+last one they applied, so a ``:pv`` that expired and started again at 1 would hide every
+change from a reader that remembers a higher one (a process whose lease lapsed while it
+kept the room). So a missing ``:pv`` starts at the node's clock in microseconds
+(``TIME``), not at 0: the version rises by one per change, each change is a script that
+costs Redis more than a microsecond, and the key lived at least a grace (a second or
+more) after its last change, so the clock has passed every version the key held, by a
+margin of a million changes per second of grace, as long as the clocks of the nodes
+serving the room (after a failover) differ by less than that grace. A reader that heard
+the old versions sees the new one skip and takes a snapshot, as after any lost change.
+Why not a ``:pv`` that outlives the other keys by a day: that keeps a key per room ever
+joined for a day, and a reader's memory of a room has no time bound (a process keeps a
+room's feed as long as it has members there). Nor the history's ``seq``: a room that
+never had a message has none, and presence changes between messages need versions of
+their own.
 """
 
 from __future__ import annotations
@@ -49,8 +77,17 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- the next presence version; a version key that expired (or never was) starts again at
+-- Redis' clock in microseconds, above every version it held before (see the module's doc)
+local function next_version()
+  if redis.call('EXISTS', VERSION) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', VERSION, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  return redis.call('INCR', VERSION)
+end
 local function announce(user, sign, count, worker)
-  local v = redis.call('INCR', VERSION)
+  local v = next_version()
   redis.call('SPUBLISH', CHANNEL, 'P' .. string.format('%d', v) .. ' ' .. sign .. user .. ' '
     .. string.format('%d', count) .. ' ' .. worker)
 end
@@ -101,6 +138,14 @@ local function keep(worker, now, lease)
     redis.call('ZREM', LEASES, worker)
   end
 end
+-- every script that writes ends here: the room's presence keys (those that exist) live
+-- until the last lease here ends, then a grace more
+local function expire_all(now, grace)
+  local last = redis.call('ZRANGE', LEASES, -1, -1, 'WITHSCORES')
+  local ttl = grace
+  if last[2] then ttl = math.max(tonumber(last[2]) - now, 0) + grace end
+  for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
 """
 
 #: ARGV: channel, process, lease ms, mode (``exact``: these are all its users here;
@@ -121,40 +166,46 @@ elseif mode == '+' then
 else
   for i = 5, #ARGV do depart(worker, ARGV[i]) end
 end
-keep(worker, now_ms(), lease)
+local now = now_ms()
+keep(worker, now, lease)
+expire_all(now, lease)
 return held_count(worker)
 """
 )
 
-#: ARGV: channel, process, lease ms (0: give the room up, releasing its users now).
-#: Releases the processes whose lease here ran out; returns {processes released, 1 if
-#: this process had no live lease here (it must write its users here again)}.
+#: ARGV: channel, process, lease ms (0: give the room up, releasing its users now),
+#: grace ms (the keys' life after the last lease). Releases the processes whose lease
+#: here ran out; returns {processes released, 1 if this process had no live lease here
+#: (it must write its users here again)}.
 RENEW: Final = Script(
     _LIB
     + """
-local worker, lease = ARGV[2], tonumber(ARGV[3])
+local worker, lease, grace = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
 if lease == 0 then
   release(worker)
+  expire_all(now, grace)
   return {0, 0}
 end
-local now = now_ms()
 local mine = redis.call('ZSCORE', LEASES, worker)
 local missing = 0
 if not mine or tonumber(mine) <= now then missing = 1 end
 local released = sweep(now)
 keep(worker, now, lease)
+expire_all(now, grace)
 return {released, missing}
 """
 )
 
-#: KEYS[5] the room's seq, KEYS[6] its durable seq; ARGV: channel, process. Releases
-#: expired processes, then returns {durable seq (the seq of a room written before the
-#: durable seq existed), presence version, users (flat: user, count, ...), users this
-#: process holds, seq}.
+#: KEYS[5] the room's seq, KEYS[6] its durable seq; ARGV: channel, process, grace ms.
+#: Releases expired processes, then returns {durable seq (the seq of a room written
+#: before the durable seq existed), presence version, users (flat: user, count, ...),
+#: users this process holds, seq}.
 SNAPSHOT: Final = Script(
     _LIB
     + """
-sweep(now_ms())
+local now = now_ms()
+if sweep(now) > 0 then expire_all(now, tonumber(ARGV[3])) end
 local seq = redis.call('GET', KEYS[5]) or '0'
 return {redis.call('GET', KEYS[6]) or seq, redis.call('GET', VERSION) or '0',
   redis.call('HGETALL', USERS), holding(ARGV[2]), seq}
@@ -169,12 +220,16 @@ def presence_call(
     return PRESENCE, presence_keys(room), [room_channel(room), worker, str(lease_ms), mode, *users]
 
 
-def renew_call(room: str, worker: str, lease_ms: int) -> tuple[Script, list[str], list[str]]:
-    """The :data:`RENEW` call for ``worker``'s lease in ``room`` (0: release it)."""
-    return RENEW, presence_keys(room), [room_channel(room), worker, str(lease_ms)]
+def renew_call(
+    room: str, worker: str, lease_ms: int, grace_ms: int
+) -> tuple[Script, list[str], list[str]]:
+    """The :data:`RENEW` call for ``worker``'s lease in ``room`` (``lease_ms`` 0: release it);
+    the room's keys live ``grace_ms`` past its last lease."""
+    return RENEW, presence_keys(room), [room_channel(room), worker, str(lease_ms), str(grace_ms)]
 
 
-def snapshot_call(room: str, worker: str) -> tuple[Script, list[str], list[str]]:
-    """The :data:`SNAPSHOT` call of ``room`` for ``worker``."""
+def snapshot_call(room: str, worker: str, grace_ms: int) -> tuple[Script, list[str], list[str]]:
+    """The :data:`SNAPSHOT` call of ``room`` for ``worker`` (keys it sweeps live ``grace_ms``
+    past the room's last lease)."""
     keys = [*presence_keys(room), seq_key(room), durable_key(room)]
-    return SNAPSHOT, keys, [room_channel(room), worker]
+    return SNAPSHOT, keys, [room_channel(room), worker, str(grace_ms)]

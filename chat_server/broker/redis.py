@@ -162,7 +162,8 @@ class RedisBroker(Broker):
         rooms = self._held_rooms | set(self._listening().local_rooms())
         try:
             results = await run_scripts(
-                self._client, [renew_call(room, self._worker, 0) for room in sorted(rooms)]
+                self._client,
+                [renew_call(room, self._worker, 0, self._lease_ms) for room in sorted(rooms)],
             )
             errors = [r for r in results if isinstance(r, Exception)]
             if errors:
@@ -290,7 +291,9 @@ class RedisBroker(Broker):
         # messages and presence heard while the reply is on its way may be newer than it
         asked_at = entry.feed.position()
         try:
-            (reply,) = await run_scripts(self._client, [snapshot_call(room, self._worker)])
+            (reply,) = await run_scripts(
+                self._client, [snapshot_call(room, self._worker, self._lease_ms)]
+            )
             if isinstance(reply, Exception):
                 raise reply
         finally:
@@ -409,7 +412,7 @@ class RedisBroker(Broker):
         rooms = sorted(self._held_rooms)
         if not rooms:
             return
-        calls = [renew_call(room, self._worker, self._lease_ms) for room in rooms]
+        calls = [renew_call(room, self._worker, self._lease_ms, self._lease_ms) for room in rooms]
         released = 0
         for room, reply in zip(rooms, await run_scripts(self._client, calls), strict=True):
             if isinstance(reply, Exception):

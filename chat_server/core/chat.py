@@ -54,6 +54,10 @@ SendFrame = Callable[[bytes], None]
 CloseConnection = Callable[[int, str], None]
 
 CLOSE_POLICY_VIOLATION = 1008
+#: rooms one connection may be in at once (``MAX_ROOMS_PER_CONNECTION``): Centrifugo's
+#: channels-per-connection default is 128, and each room a connection is in costs this
+#: process a subscription and a presence lease renewal with BROKER=redis
+MAX_ROOMS_PER_CONNECTION_DEFAULT = 128
 
 
 class Session:
@@ -120,6 +124,7 @@ class ChatCore:
         max_protocol_errors: int,
         rate_limit_per_s: float,
         rate_limit_burst: int,
+        max_rooms_per_connection: int = MAX_ROOMS_PER_CONNECTION_DEFAULT,
         room_opened: Callable[[str], None] = lambda room: None,
         room_closed: Callable[[str], None] = lambda room: None,
         remote_members: Callable[[str], Collection[str]] = lambda room: (),
@@ -139,6 +144,7 @@ class ChatCore:
         self.rate = rate_limit_per_s
         self.burst = rate_limit_burst
         self.flood_window_s = rate_limit_burst / rate_limit_per_s
+        self.max_rooms_per_connection = max_rooms_per_connection
         self.rooms: dict[str, Room] = {}
         self.sessions: set[Session] = set()
         #: error frames sent, by code (for metrics)
@@ -203,15 +209,30 @@ class ChatCore:
 
     # ---- join / leave ----------------------------------------------------------------
 
+    def check_join(self, session: Session, message: Join) -> None:
+        """Raise the error a ``join`` gets, in the contract's order: ``bad_request`` (a
+        negative ``since``), ``invalid_room``, ``too_many_rooms`` (a room not joined yet
+        while the session is in ``max_rooms_per_connection`` already; joining a room it
+        is in again is always allowed)."""
+        check_since(message.since)
+        check_room(message.room)
+        rooms = session.rooms
+        if len(rooms) >= self.max_rooms_per_connection and message.room not in rooms:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_ROOMS,
+                f"in {len(rooms)} rooms already (MAX_ROOMS_PER_CONNECTION="
+                f"{self.max_rooms_per_connection}): leave one first",
+            )
+
     def join(self, session: Session, message: Join) -> bool:
         """Join a room and answer ``joined``; True when the caller must replay from ``since``.
 
         Presence ``join`` goes to the other members on the user's first connection
-        in the room. Without ``since`` the member is live at once.
+        in the room. Without ``since`` the member is live at once. Refused as
+        :meth:`check_join` says.
         """
         room_name = message.room
-        check_since(message.since)
-        check_room(room_name)
+        self.check_join(session, message)
         room = self.rooms.get(room_name)
         if room is None:
             room = self.rooms[room_name] = Room(room_name)

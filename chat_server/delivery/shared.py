@@ -21,7 +21,6 @@ from typing import Any
 
 from chat_server.broker.base import Broker
 from chat_server.core.chat import ChatCore, Session
-from chat_server.core.validation import check_room, check_since
 from chat_server.delivery.base import Delivery, Payload
 from chat_server.errors import Unavailable
 from chat_server.messages import Join, Message
@@ -65,9 +64,11 @@ class SharedDelivery(Delivery):
                 self.ack(session, message)
 
     def join_ready(self, session: Session, message: Join) -> bool:
-        """True when the broker holds the room; else hold the session's later frames."""
-        check_since(message.since)
-        check_room(message.room)
+        """True when the broker holds the room; else hold the session's later frames.
+
+        A join the core refuses raises its error here, before the broker subscribes
+        to anything for it."""
+        self.core.check_join(session, message)
         if self.broker.is_ready(message.room):
             return True
         self.held[session] = deque()

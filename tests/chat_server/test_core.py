@@ -43,6 +43,7 @@ class World:
             max_protocol_errors=int(limits.get("max_protocol_errors", 3)),
             rate_limit_per_s=limits.get("rate", 10),
             rate_limit_burst=int(limits.get("burst", 5)),
+            max_rooms_per_connection=int(limits.get("max_rooms", 128)),
         )
 
     def connect(self, user: str, now: float = 0.0) -> tuple[Session, Peer]:
@@ -157,6 +158,34 @@ def test_rate_limited_replies_spread_out_do_not_close():
     for i in range(20):
         world.core.rate_limited(a, i * 1.0)  # one a second: under BURST per BURST/RATE s
     assert pa.closed is None
+
+
+def test_a_join_past_the_room_cap_is_refused_uncounted_and_opens_nothing():
+    world = World(max_rooms=2, max_protocol_errors=3)
+    a, pa = world.connect("alice")
+    world.core.join(a, Join(room="r1"))
+    world.core.join(a, Join(room="r2"))
+    pa.take()
+    for _ in range(5):  # more than MAX_PROTOCOL_ERRORS: this error is not counted
+        with pytest.raises(ProtocolError) as refused:
+            world.core.join(a, Join(room="r3"))
+        world.core.fail(a, refused.value)
+    assert refused.value.code == ErrorCode.TOO_MANY_ROOMS
+    assert pa.take() == [Error(code="too_many_rooms", detail=refused.value.detail)] * 5
+    assert pa.closed is None
+    assert a.rooms == {"r1", "r2"} and set(world.core.rooms) == {"r1", "r2"}
+    # the contract's order: a bad since and a bad name are reported before the cap
+    with pytest.raises(ProtocolError) as bad:
+        world.core.check_join(a, Join(room="r3", since=-1))
+    assert bad.value.code == ErrorCode.BAD_REQUEST
+    with pytest.raises(ProtocolError) as bad:
+        world.core.check_join(a, Join(room="no room"))
+    assert bad.value.code == ErrorCode.INVALID_ROOM
+    world.core.join(a, Join(room="r2", since=0))  # a room it is in: joined again
+    assert isinstance(pa.take()[0], Joined)
+    world.core.leave(a, Leave(room="r1"))  # one left: one more may be joined
+    world.core.join(a, Join(room="r3"))
+    assert a.rooms == {"r2", "r3"}
 
 
 def test_rooms_open_and_close_through_the_broker_seam():

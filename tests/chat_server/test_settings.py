@@ -72,6 +72,7 @@ BAD_VALUES = {
     "RATE_LIMIT_PER_S": "-1",
     "REDIS_URL": "127.0.0.1:6379",
     "PRESENCE_LEASE_S": "0",
+    "MAX_ROOMS_PER_CONNECTION": "0",
 }
 
 

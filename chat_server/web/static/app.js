@@ -21,6 +21,7 @@ const ERROR_HINTS = {
   invalid_room: "room names are 1 to 64 of A-Z a-z 0-9 _ . -",
   too_large: "the message is too long",
   not_in_room: "join the room first",
+  too_many_rooms: "in too many rooms at once: leave one first",
   unavailable: "the server cannot take this now: try again",
   internal: "the server failed",
   invalid_credentials: "unknown user name or wrong password",
