@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -48,10 +52,15 @@ __all__ = [
     "ServerProcess",
     "chromium_dom",
     "free_port",
+    "masked_frame",
     "note_answer",
     "opens_chat",
+    "raw_close_code",
+    "raw_upgrade",
     "running_relay",
+    "served",
     "stored_history",
+    "wait_until",
 ]
 
 
@@ -230,3 +239,101 @@ def running_relay(transport: str, deflate: str = "off", mode: str | None = None)
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def masked_frame(payload: bytes, opcode: int, fin: bool = True, rsv1: bool = False) -> bytes:
+    """One client frame (masked, as a client must) carrying ``payload``, as it goes on the
+    wire; ``fin`` False leaves its message open, ``rsv1`` marks a compressed message."""
+    mask = os.urandom(4)
+    size = len(payload)
+    if size < 126:
+        length = bytes([0x80 | size])
+    elif size < 65536:
+        length = bytes([0x80 | 126]) + struct.pack("!H", size)
+    else:
+        length = bytes([0x80 | 127]) + struct.pack("!Q", size)
+    first = (0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode
+    key = (mask * (size // 4 + 1))[:size]
+    masked = (int.from_bytes(payload) ^ int.from_bytes(key)).to_bytes(size)
+    return bytes([first]) + length + mask + masked
+
+
+async def raw_upgrade(
+    server: ServerProcess,
+    token: str,
+    *,
+    extensions: str | None = None,
+    buffer_bytes: int | None = None,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A websocket opened on a raw socket, for a client that must misbehave: the 101 read,
+    nothing after it. ``buffer_bytes`` bounds the socket's kernel buffers both ways
+    (SO_RCVBUF, SO_SNDBUF, set before connecting); ``extensions`` is offered as
+    ``Sec-WebSocket-Extensions``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if buffer_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    codec = get_codec(server.serializer)
+    request = (
+        "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
+        f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {codec.subprotocol}\r\n"
+        + (f"Sec-WebSocket-Extensions: {extensions}\r\n" if extensions else "")
+        + f"Authorization: Bearer {token}\r\n\r\n"
+    )
+    writer.write(request.encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return reader, writer
+
+
+async def raw_close_code(reader: asyncio.StreamReader, timeout_s: float = 20) -> int | None:
+    """Read a raw websocket's server frames until its close frame: that frame's code (None:
+    a close without one, or the connection ended without a close frame)."""
+
+    async def read() -> int | None:
+        while True:
+            try:
+                first, second = await reader.readexactly(2)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return None
+            size = second & 0x7F
+            if size == 126:
+                (size,) = struct.unpack("!H", await reader.readexactly(2))
+            elif size == 127:
+                (size,) = struct.unpack("!Q", await reader.readexactly(8))
+            payload = await reader.readexactly(size)
+            if first & 0x0F == 0x8:
+                return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
+
+    return await asyncio.wait_for(read(), timeout_s)
+
+
+async def served(server: ServerProcess, token: str, room: str = "honest") -> None:
+    """An honest client is served in full: it connects, joins ``room``, sends, and gets its
+    message and its ack (AssertionError or a timeout otherwise)."""
+    from chat_server.messages import Message, Welcome
+
+    ref = f"honest-{os.urandom(4).hex()}"  # a new message each time, never a repeat
+    client = await Client.connect(server, token)
+    try:
+        await client.expect(Welcome)
+        await client.join(room)
+        await client.say(room, "still served", ref=ref)
+        seen = [await client.expect((Message, Ack), skip=(object,)) for _ in range(2)]
+        kinds = {type(frame) for frame in seen}
+        assert kinds == {Message, Ack}, seen
+        assert all(frame.ref == ref for frame in seen), seen
+    finally:
+        await client.close()
+
+
+async def wait_until(condition: Any, timeout_s: float = 20, interval_s: float = 0.05) -> None:
+    """Return once ``condition()`` is true; AssertionError naming it after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {condition}"
+        await asyncio.sleep(interval_s)

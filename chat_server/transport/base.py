@@ -51,6 +51,7 @@ log = logging.getLogger("chat_server.transport")
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_INVALID_TEXT = 1007
+CLOSE_POLICY_VIOLATION = 1008
 CLOSE_MESSAGE_TOO_BIG = 1009
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = 1013
@@ -246,14 +247,27 @@ class WriteCoalescer:
 
 
 class OutboundStats:
-    """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""
+    """The transport's accounting across connections (exposed on /stats for tests and the
+    lab): outbound buffers, and the partial messages held against ``MAX_PARTIAL_BYTES``."""
 
-    __slots__ = ("frames_out", "peak_outbound_bytes", "slow_consumer_closes")
+    __slots__ = (
+        "frames_out",
+        "partial_bytes",
+        "partial_closes",
+        "peak_outbound_bytes",
+        "peak_partial_bytes",
+        "slow_consumer_closes",
+    )
 
     def __init__(self) -> None:
         self.frames_out = 0
         self.peak_outbound_bytes = 0
         self.slow_consumer_closes = 0
+        #: bytes every connection's partial message holds now (inflaters included)
+        self.partial_bytes = 0
+        self.peak_partial_bytes = 0
+        #: connections closed for a partial message: over time (1008) or over the bound (1013)
+        self.partial_closes = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +395,10 @@ class Admission:
             "max_outbound_bytes": self.settings.max_outbound_bytes,
             "peak_outbound_bytes": self.outbound.peak_outbound_bytes,
             "slow_consumer_closes": self.outbound.slow_consumer_closes,
+            "max_partial_bytes": self.settings.max_partial_bytes,
+            "partial_bytes": self.outbound.partial_bytes,
+            "peak_partial_bytes": self.outbound.peak_partial_bytes,
+            "partial_closes": self.outbound.partial_closes,
         }
 
     def metrics_snapshot(self, outbound_bytes: int) -> dict[str, Any]:
