@@ -372,6 +372,14 @@ SPECS: tuple[Spec, ...] = (
         "Prometheus metrics on CHAT_HOST:METRICS_PORT/metrics (0: off)",
     ),
     Spec(
+        "EXPOSE_INTERNALS",
+        "expose_internals",
+        "off",
+        on_off,
+        "on: GET /stats (counters, host name, pids) on the chat port and X-Chatlab-Worker:"
+        " <pid> on every response, for tests and the lab; off: /stats is 404, no such header",
+    ),
+    Spec(
         "AUTH_PUBLIC_URL",
         "auth_public_url",
         "http://127.0.0.1:8001",
@@ -555,6 +563,7 @@ class Settings(SpecSettings):
     profile_dir: str
     profile_run: str
     metrics_port: int
+    expose_internals: bool
     auth_public_url: tuple[str, ...]
     max_frame_bytes: int
     max_body_chars: int

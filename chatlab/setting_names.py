@@ -31,6 +31,7 @@ CHAT_SERVER = frozenset(
         "CPU_AFFINITY",
         "DRAIN_GRACE_S",
         "EVENT_LOOP",
+        "EXPOSE_INTERNALS",
         "GC_FULL_INTERVAL_S",
         "GC_POLICY",
         "HISTORY_MAX",

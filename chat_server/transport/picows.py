@@ -4,7 +4,8 @@ picows parses the handshake and the frames and calls back per frame from the eve
 loop, with no task or queue per connection. The handshake is
 :class:`~chat_server.transport.base.Admission`'s, run in picows' listener factory
 (:meth:`PicowsTransport._route`): ``/healthz``, ``/stats``, the web page, 404, 503,
-401 before 400, the chosen subprotocol and ``X-Chatlab-Worker`` on every response.
+401 before 400, the chosen subprotocol and ``X-Chatlab-Worker`` on every response
+(with ``EXPOSE_INTERNALS=on``).
 Each upgraded connection's listener, :class:`PicowsPeer`, is a
 :class:`~chat_server.transport.peer.ChatPeer`: writes coalesced per loop iteration
 (straight to the TCP transport under the websocket), the slow-consumer bound
@@ -58,7 +59,6 @@ from chat_server.transport.base import (
     CLOSE_INVALID_TEXT,
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_PROTOCOL_ERROR,
-    WORKER_HEADER,
     Admitted,
     ServerTransport,
 )
@@ -216,7 +216,7 @@ class PicowsTransport(ServerTransport):
         listen_socket: socket.socket | None = None,
     ) -> None:
         super().__init__(settings, service, verifier, codec, listen_socket)
-        self._headers = {WORKER_HEADER: self.worker}
+        self._headers = dict(self.worker_headers)
         self._shared_deflate = settings.ws_deflate == "shared"
 
     def connection_protocol(self) -> asyncio.BufferedProtocol:

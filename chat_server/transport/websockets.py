@@ -18,8 +18,8 @@ compressed, without a compressor or inflater kept between messages
 
 The handshake is :class:`~chat_server.transport.base.Admission`'s: ``/healthz``,
 ``/stats``, the web page, 404, 503, 401 before 400, the subprotocol, and
-``X-Chatlab-Worker: <pid>`` on every response. A request whose method is not GET
-never reaches websockets: the transport's
+``X-Chatlab-Worker: <pid>`` on every response with ``EXPOSE_INTERNALS=on``. A request
+whose method is not GET never reaches websockets: the transport's
 :class:`~chat_server.transport.accept.MethodGate` answers it 405.
 """
 
@@ -42,7 +42,7 @@ from websockets.typing import ExtensionName, ExtensionParameter
 from chat_server.regressions import Regression
 from chat_server.settings import Settings
 from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
-from chat_server.transport.base import WORKER_HEADER, Admitted, Reply, ServerTransport
+from chat_server.transport.base import Admitted, Reply, ServerTransport
 from chat_server.transport.deflate import (
     EXTENSION_NAME,
     InflatedTooBig,
@@ -187,7 +187,8 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
                 self._deflate = owner.shared_deflate.take_accepted()
         else:
             response = _response(protocol, decision)
-        response.headers[WORKER_HEADER] = owner.worker
+        for name, value in owner.worker_headers:
+            response.headers[name] = value
         protocol.send_response(response)
         if protocol.state is OPEN:
             if "Sec-WebSocket-Extensions" in response.headers:

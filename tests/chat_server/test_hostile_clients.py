@@ -9,20 +9,27 @@ gets its message and its ack).
 - Many such clients: what their partial messages hold in the process, inflaters of
   compressed ones included, stays within ``MAX_PARTIAL_BYTES``; the frame that would
   pass it closes its connection with 1013.
+- A stranger reading what the port tells: with ``EXPOSE_INTERNALS`` off (the default)
+  no counters, host name or pid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import urllib.error
+import urllib.request
 import zlib
 from collections.abc import Iterator
 
 import pytest
 
+from chat_server.messages import Welcome
 from chat_server.settings import TRANSPORTS
+from chat_server.transport.base import WORKER_HEADER
 from chat_server.transport.peer import INFLATER_BYTES
 from tests.support import (
+    Client,
     KeyPair,
     ServerProcess,
     masked_frame,
@@ -186,3 +193,31 @@ async def test_a_frame_left_partial_is_closed_1011_by_the_keepalive(
     await served(server, keys.mint("bystander"))
     assert await raw_close_code(reader, 10) == 1011
     writer.close()
+
+
+def _answer(server: ServerProcess, path: str) -> tuple[int, dict[str, str], str]:
+    """The status, headers and body ``GET path`` gets on the chat port."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), refused.read().decode()
+
+
+async def test_a_stranger_reads_no_counters_host_or_pid_by_default(
+    start_server, keys: KeyPair
+) -> None:
+    """Bound: with ``EXPOSE_INTERNALS`` off (the default) ``/stats`` is 404 and no
+    response, the 101 included, carries ``X-Chatlab-Worker``; the chat is served."""
+    server = start_server(event_loop="asyncio", expose_internals="off")
+    assert server.proc is not None
+    pid = str(server.proc.pid)
+    answers = {path: _answer(server, path) for path in ("/stats", "/healthz", "/ws", "/nope")}
+    assert [status for status, _, _ in answers.values()] == [404, 200, 401, 404]
+    for status, headers, body in answers.values():
+        assert WORKER_HEADER not in headers and pid not in body, (status, headers, body)
+    client = await Client.connect(server, keys.mint("stranger"))
+    await client.expect(Welcome)
+    assert WORKER_HEADER not in client.conn.response.headers
+    await client.close()
+    await served(server, keys.mint("bystander"))
