@@ -56,6 +56,7 @@ __all__ = [
     "note_answer",
     "opens_chat",
     "raw_close_code",
+    "raw_frame",
     "raw_upgrade",
     "running_relay",
     "served",
@@ -290,6 +291,18 @@ async def raw_upgrade(
     return reader, writer
 
 
+async def raw_frame(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
+    """The next server frame of a raw websocket: its opcode, its RSV1 bit (compressed) and
+    its payload as sent."""
+    first, second = await reader.readexactly(2)
+    size = second & 0x7F
+    if size == 126:
+        (size,) = struct.unpack("!H", await reader.readexactly(2))
+    elif size == 127:
+        (size,) = struct.unpack("!Q", await reader.readexactly(8))
+    return first & 0x0F, bool(first & 0x40), await reader.readexactly(size)
+
+
 async def raw_close_code(reader: asyncio.StreamReader, timeout_s: float = 20) -> int | None:
     """Read a raw websocket's server frames until its close frame: that frame's code (None:
     a close without one, or the connection ended without a close frame)."""
@@ -297,16 +310,10 @@ async def raw_close_code(reader: asyncio.StreamReader, timeout_s: float = 20) ->
     async def read() -> int | None:
         while True:
             try:
-                first, second = await reader.readexactly(2)
+                opcode, _, payload = await raw_frame(reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 return None
-            size = second & 0x7F
-            if size == 126:
-                (size,) = struct.unpack("!H", await reader.readexactly(2))
-            elif size == 127:
-                (size,) = struct.unpack("!Q", await reader.readexactly(8))
-            payload = await reader.readexactly(size)
-            if first & 0x0F == 0x8:
+            if opcode == 0x8:
                 return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
 
     return await asyncio.wait_for(read(), timeout_s)

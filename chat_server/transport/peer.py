@@ -380,6 +380,16 @@ class ChatPeer:
         stats.slow_consumer_closes += 1
         self.close(CLOSE_TRY_AGAIN_LATER, "slow consumer")
 
+    def _owes_past_bound(self) -> bool:
+        """A read held pings although this connection is closing: drop it now (True) if
+        what it has not read is past ``MAX_OUTBOUND_BYTES`` already, before its library
+        writes the pongs (websockets answers pings while closing; picows does not)."""
+        tcp = self.tcp
+        if tcp is None or tcp.get_write_buffer_size() <= self.owner.max_outbound_bytes:
+            return False
+        self.abort()
+        return True
+
     def pause_writing(self) -> None:
         """The write buffer passed its high-water mark: paced sends wait."""
         self.paused = True

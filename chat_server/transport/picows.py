@@ -178,6 +178,10 @@ class DeflatePicowsPeer(PicowsPeer):
     def _inflater_held(self) -> bool:
         return self._inflater is not None
 
+    def _release_partial(self) -> None:
+        super()._release_partial()
+        self._inflater = None  # whole, or given up: its inflater goes with it
+
     def _inflated(self, text: bool | None, data: memoryview, fin: bool) -> None:
         """A frame of a compressed message: inflated, then delivered or reassembled."""
         if self.closing:

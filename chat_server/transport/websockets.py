@@ -115,6 +115,8 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
                 # a close is echoed by the protocol itself
             else:
                 self._handshake(event)  # type: ignore[arg-type]
+        if pinged and self.closing and self._owes_past_bound():
+            return  # dropped: its pongs are not written
         self._send_pending()
         if pinged:
             self._ponged()
@@ -153,7 +155,14 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
         self._send_pending()
 
     def _inflater_held(self) -> bool:
+        # as the parser left it after this read (it parses a read's frames before they
+        # are handled): off by one message at most, within one read
         return self._deflate is not None and self._deflate.inflating
+
+    def _fail(self, code: int, reason: str) -> None:
+        if self._deflate is not None:  # nothing more is read: the inflater goes now
+            self._deflate.forget()
+        super()._fail(code, reason)
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -317,6 +326,10 @@ class SharedDeflate(Extension):
     def inflating(self) -> bool:
         """Whether an inflater is kept for a compressed message not yet whole."""
         return self._inflater is not None
+
+    def forget(self) -> None:
+        """Drop the inflater of a message given up (its connection is closing)."""
+        self._inflater = None
 
     def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
         """``frame`` with its data inflated when its message is compressed."""

@@ -16,6 +16,7 @@ gets its message and its ack).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +35,7 @@ from tests.support import (
     ServerProcess,
     masked_frame,
     raw_close_code,
+    raw_frame,
     raw_upgrade,
     served,
     wait_until,
@@ -41,7 +43,7 @@ from tests.support import (
 
 pytestmark = pytest.mark.transports
 
-TEXT, PING = 0x1, 0x9
+CONT, TEXT, PING = 0x0, 0x1, 0x9
 MAX_OUTBOUND_BYTES = 64 * 1024
 #: the most the server reads at once (asyncio's selector transports: 256 KiB; picows reads
 #: into its own smaller buffer): the pongs of one read are written before they are counted
@@ -178,6 +180,44 @@ async def test_inflaters_of_partial_compressed_messages_count_toward_the_bound(
     for _, writer in inflating:
         writer.close()
     await wait_until(lambda: server.stats()["partial_bytes"] == 0)
+
+
+async def test_a_compressed_message_in_several_frames_may_start_in_the_read_that_ends_another(
+    hostile_server: ServerProcess, keys: KeyPair
+) -> None:
+    """The honest side of the inflaters' bound: one read holds a compressed message in
+    two frames and the first frame of the next; its last frame comes in a later read.
+    Each is inflated and answered, and nothing stays held."""
+    server = hostile_server
+    reader, writer = await raw_upgrade(
+        server, keys.mint("fragmenter"), extensions="permessage-deflate"
+    )
+    frames = []
+    for text in ('{"type":"join","room":"frag"}', '{"type":"send","room":"frag","body":"hi"}'):
+        compressor = zlib.compressobj(6, zlib.DEFLATED, -15)
+        data = (compressor.compress(text.encode()) + compressor.flush(zlib.Z_SYNC_FLUSH))[:-4]
+        half = len(data) // 2
+        frames += [masked_frame(data[:half], TEXT, fin=False, rsv1=True)]
+        frames += [masked_frame(data[half:], CONT)]
+    writer.write(b"".join(frames[:3]))
+    assert await _kinds(reader, 2) == ["welcome", "joined"]  # the first read was handled
+    writer.write(frames[3])
+    assert await _kinds(reader, 2) == ["message", "ack"]
+    writer.close()
+    assert server.stats()["partial_bytes"] == 0
+
+
+async def _kinds(reader: asyncio.StreamReader, count: int) -> list[str]:
+    """The kinds of the next ``count`` server frames of a raw websocket (JSON, inflated when
+    compressed)."""
+    kinds = []
+    for _ in range(count):
+        opcode, compressed, payload = await asyncio.wait_for(raw_frame(reader), 10)
+        assert opcode == TEXT, (opcode, payload)
+        if compressed:
+            payload = zlib.decompressobj(-15).decompress(payload + b"\x00\x00\xff\xff")
+        kinds.append(json.loads(payload)["type"])
+    return kinds
 
 
 async def test_a_frame_left_partial_is_closed_1011_by_the_keepalive(
