@@ -373,6 +373,14 @@ SPECS: tuple[Spec, ...] = (
         "Prometheus metrics on CHAT_HOST:METRICS_PORT/metrics (0: off)",
     ),
     Spec(
+        "EXPOSE_INTERNALS",
+        "expose_internals",
+        "off",
+        on_off,
+        "on: GET /stats (counters, host name, pids) on the chat port and X-Chatlab-Worker:"
+        " <pid> on every response, for tests and the lab; off: /stats is 404, no such header",
+    ),
+    Spec(
         "AUTH_PUBLIC_URL",
         "auth_public_url",
         "http://127.0.0.1:8001",
@@ -414,6 +422,22 @@ SPECS: tuple[Spec, ...] = (
         "65536",
         integer(0),
         "kernel send buffer per connection (SO_SNDBUF; Linux doubles it); 0: the kernel's own",
+    ),
+    Spec(
+        "PARTIAL_MESSAGE_TIMEOUT_S",
+        "partial_message_timeout_s",
+        "10",
+        number(0.01),
+        "a message sent in several frames must be whole this long after its first; past it"
+        " close 1008",
+    ),
+    Spec(
+        "MAX_PARTIAL_BYTES",
+        "max_partial_bytes",
+        str(16 * 1024 * 1024),
+        integer(1024),
+        "bytes all connections' partial messages may hold in one process (40 KiB more for each"
+        " compressed one's inflater); the frame that would pass it: close 1013",
     ),
     Spec(
         "RATE_LIMIT_PER_S",
@@ -547,12 +571,15 @@ class Settings(SpecSettings):
     profile_dir: str
     profile_run: str
     metrics_port: int
+    expose_internals: bool
     auth_public_url: tuple[str, ...]
     max_frame_bytes: int
     max_body_chars: int
     max_protocol_errors: int
     max_outbound_bytes: int
     socket_send_buffer_bytes: int
+    partial_message_timeout_s: float
+    max_partial_bytes: int
     rate_limit_per_s: float
     rate_limit_burst: int
     max_rooms_per_connection: int
@@ -626,6 +653,12 @@ class Settings(SpecSettings):
                 "CHAT_DB_SYNCHRONOUS=full fsyncs every commit: it stays off the event loop"
                 " (thread or auto)",
             ) from None
+        if self.max_partial_bytes < self.max_frame_bytes:
+            raise SettingError(
+                "MAX_PARTIAL_BYTES",
+                str(self.max_partial_bytes),
+                f"at least MAX_FRAME_BYTES ({self.max_frame_bytes}): one whole message must fit",
+            )
         if self.ping_interval_s and not self.ping_timeout_s:
             raise SettingError("PING_TIMEOUT_S", "0", "must be above 0 while PING_INTERVAL_S is on")
 

@@ -183,6 +183,8 @@ class ServerProcess(ServiceProcess):
             "JWT_PUBLIC_KEY": str(keys.public_path),
             "PING_INTERVAL_S": "20",
             "CLOSE_TIMEOUT_S": "2",
+            # /stats and X-Chatlab-Worker: what the tests and the lab read
+            "EXPOSE_INTERNALS": "on",
             "PYTHONPATH": str(ROOT),
             **self.settings,
         }

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -49,9 +53,14 @@ __all__ = [
     "ServerProcess",
     "chromium_dom",
     "free_port",
+    "masked_frame",
     "note_answer",
     "opens_chat",
+    "raw_close_code",
+    "raw_frame",
+    "raw_upgrade",
     "running_relay",
+    "served",
     "settled",
     "stored_history",
     "wait_until",
@@ -86,14 +95,16 @@ def chromium_dom(page: Path, profile: Path, width: int = 1280) -> str:
     return dom.stdout
 
 
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 30, what: str = "") -> None:
+async def wait_until(
+    condition: Callable[[], Any], timeout_s: float = 30, what: str = "", interval_s: float = 0.05
+) -> None:
     """Return once ``condition()`` holds, polling; AssertionError after ``timeout_s`` (a guard
     against hanging, not a timing assertion: give it room)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s} s: {what or condition}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(interval_s)
 
 
 def note_answer(frame: Any, acked: dict[str, int], refused: dict[str, str]) -> None:
@@ -280,3 +291,99 @@ def running_relay(transport: str, deflate: str = "off", mode: str | None = None)
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def masked_frame(payload: bytes, opcode: int, fin: bool = True, rsv1: bool = False) -> bytes:
+    """One client frame (masked, as a client must) carrying ``payload``, as it goes on the
+    wire; ``fin`` False leaves its message open, ``rsv1`` marks a compressed message."""
+    mask = os.urandom(4)
+    size = len(payload)
+    if size < 126:
+        length = bytes([0x80 | size])
+    elif size < 65536:
+        length = bytes([0x80 | 126]) + struct.pack("!H", size)
+    else:
+        length = bytes([0x80 | 127]) + struct.pack("!Q", size)
+    first = (0x80 if fin else 0) | (0x40 if rsv1 else 0) | opcode
+    key = (mask * (size // 4 + 1))[:size]
+    masked = (int.from_bytes(payload) ^ int.from_bytes(key)).to_bytes(size)
+    return bytes([first]) + length + mask + masked
+
+
+async def raw_upgrade(
+    server: ServerProcess,
+    token: str,
+    *,
+    extensions: str | None = None,
+    buffer_bytes: int | None = None,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A websocket opened on a raw socket, for a client that must misbehave: the 101 read,
+    nothing after it. ``buffer_bytes`` bounds the socket's kernel buffers both ways
+    (SO_RCVBUF, SO_SNDBUF, set before connecting); ``extensions`` is offered as
+    ``Sec-WebSocket-Extensions``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if buffer_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    codec = get_codec(server.serializer)
+    request = (
+        "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
+        f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {codec.subprotocol}\r\n"
+        + (f"Sec-WebSocket-Extensions: {extensions}\r\n" if extensions else "")
+        + f"Authorization: Bearer {token}\r\n\r\n"
+    )
+    writer.write(request.encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return reader, writer
+
+
+async def raw_frame(reader: asyncio.StreamReader) -> tuple[int, bool, bytes]:
+    """The next server frame of a raw websocket: its opcode, its RSV1 bit (compressed) and
+    its payload as sent."""
+    first, second = await reader.readexactly(2)
+    size = second & 0x7F
+    if size == 126:
+        (size,) = struct.unpack("!H", await reader.readexactly(2))
+    elif size == 127:
+        (size,) = struct.unpack("!Q", await reader.readexactly(8))
+    return first & 0x0F, bool(first & 0x40), await reader.readexactly(size)
+
+
+async def raw_close_code(reader: asyncio.StreamReader, timeout_s: float = 20) -> int | None:
+    """Read a raw websocket's server frames until its close frame: that frame's code (None:
+    a close without one, or the connection ended without a close frame)."""
+
+    async def read() -> int | None:
+        while True:
+            try:
+                opcode, _, payload = await raw_frame(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return None
+            if opcode == 0x8:
+                return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
+
+    return await asyncio.wait_for(read(), timeout_s)
+
+
+async def served(server: ServerProcess, token: str, room: str = "honest") -> None:
+    """An honest client is served in full: it connects, joins ``room``, sends, and gets its
+    message and its ack (AssertionError or a timeout otherwise)."""
+    from chat_server.messages import Message, Welcome
+
+    ref = f"honest-{os.urandom(4).hex()}"  # a new message each time, never a repeat
+    client = await Client.connect(server, token)
+    try:
+        await client.expect(Welcome)
+        await client.join(room)
+        await client.say(room, "still served", ref=ref)
+        seen = [await client.expect((Message, Ack), skip=(object,)) for _ in range(2)]
+        kinds = {type(frame) for frame in seen}
+        assert kinds == {Message, Ack}, seen
+        assert all(frame.ref == ref for frame in seen), seen
+    finally:
+        await client.close()

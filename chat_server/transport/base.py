@@ -51,10 +51,12 @@ log = logging.getLogger("chat_server.transport")
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_INVALID_TEXT = 1007
+CLOSE_POLICY_VIOLATION = 1008
 CLOSE_MESSAGE_TOO_BIG = 1009
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = 1013
-#: the header every HTTP response carries, the websocket handshake's included
+#: with EXPOSE_INTERNALS=on, the header every HTTP response carries (the websocket
+#: handshake's included): the pid of the process that answered
 WORKER_HEADER = "X-Chatlab-Worker"
 WS_PATH = "/ws"
 #: the write buffer's high-water mark at most: paced sends (replay) wait below it
@@ -69,9 +71,9 @@ class ServerTransport(ABC):
     ``WORKERS`` > 1). Every connection passes a
     :class:`~chat_server.transport.accept.MethodGate` (405 for a method but GET),
     then goes on to the protocol :meth:`connection_protocol` builds, which answers
-    HTTP requests with :attr:`admission`'s decisions, ``X-Chatlab-Worker: <pid>`` on
-    each, and keeps its upgraded connections (:class:`~chat_server.transport.peer.ChatPeer`)
-    in :attr:`peers`.
+    HTTP requests with :attr:`admission`'s decisions, :attr:`worker_headers` on each
+    (``X-Chatlab-Worker: <pid>`` with ``EXPOSE_INTERNALS=on``), and keeps its upgraded
+    connections (:class:`~chat_server.transport.peer.ChatPeer`) in :attr:`peers`.
     """
 
     def __init__(
@@ -88,8 +90,11 @@ class ServerTransport(ABC):
         self.stats = OutboundStats()
         self.coalescer = WriteCoalescer(codec.binary, settings.ws_deflate == "shared")
         self.admission = Admission(settings, service, verifier, codec, self.stats)
-        #: this process, as every HTTP response names it
-        self.worker = str(os.getpid())
+        #: the headers every HTTP response carries: this process' pid with
+        #: EXPOSE_INTERNALS=on, none otherwise
+        self.worker_headers: tuple[tuple[str, str], ...] = (
+            ((WORKER_HEADER, str(os.getpid())),) if settings.expose_internals else ()
+        )
         self.max_outbound_bytes = settings.max_outbound_bytes
         #: paced sends (replay) wait while a connection's buffer is above this, well
         #: under the 1013 bound, so a replay never trips it
@@ -123,7 +128,7 @@ class ServerTransport(ABC):
         """The HTTP answer (405, as Admission decides it) to a request that is not a GET."""
         reply = self.admission.decide(target, None, (), method)
         assert isinstance(reply, Reply)
-        return reply.encode(((WORKER_HEADER, self.worker),))
+        return reply.encode(self.worker_headers)
 
     @property
     def port(self) -> int:
@@ -246,14 +251,27 @@ class WriteCoalescer:
 
 
 class OutboundStats:
-    """Outbound buffer accounting across connections (exposed on /stats for tests and the lab)."""
+    """The transport's accounting across connections (exposed on /stats for tests and the
+    lab): outbound buffers, and the partial messages held against ``MAX_PARTIAL_BYTES``."""
 
-    __slots__ = ("frames_out", "peak_outbound_bytes", "slow_consumer_closes")
+    __slots__ = (
+        "frames_out",
+        "partial_bytes",
+        "partial_closes",
+        "peak_outbound_bytes",
+        "peak_partial_bytes",
+        "slow_consumer_closes",
+    )
 
     def __init__(self) -> None:
         self.frames_out = 0
         self.peak_outbound_bytes = 0
         self.slow_consumer_closes = 0
+        #: bytes every connection's partial message holds now (inflaters included)
+        self.partial_bytes = 0
+        self.peak_partial_bytes = 0
+        #: connections closed for a partial message: over time (1008) or over the bound (1013)
+        self.partial_closes = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +312,8 @@ class Admission:
 
     Every resource here is GET only: another method is 405 with ``Allow: GET``.
     ``/healthz`` answers 200 (with ``WORKERS`` > 1, 503 naming how many workers are
-    ready until all are), ``/stats`` the counters as JSON, ``/`` and its files the
+    ready until all are), ``/stats`` the counters as JSON (with
+    ``EXPOSE_INTERNALS=on`` only: they name the host and its pids), ``/`` and its files the
     web chat page (:mod:`chat_server.web`); any other path but ``/ws`` is 404. An
     upgrade on ``/ws`` is refused with 503 while draining or past ``MAX_CONNECTIONS``,
     then with 401 for a missing or bad token (from ``Authorization: Bearer`` or
@@ -340,7 +359,7 @@ class Admission:
             if unready is not None:
                 return Reply(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {unready}\n")
             return Reply(HTTPStatus.OK, "ok\n")
-        if url.path == "/stats":
+        if url.path == "/stats" and self.settings.expose_internals:
             body = json.dumps(self.stats_snapshot()) + "\n"
             return Reply(HTTPStatus.OK, body, "application/json")
         page = self.site.answer(url.path)
@@ -381,6 +400,10 @@ class Admission:
             "max_outbound_bytes": self.settings.max_outbound_bytes,
             "peak_outbound_bytes": self.outbound.peak_outbound_bytes,
             "slow_consumer_closes": self.outbound.slow_consumer_closes,
+            "max_partial_bytes": self.settings.max_partial_bytes,
+            "partial_bytes": self.outbound.partial_bytes,
+            "peak_partial_bytes": self.outbound.peak_partial_bytes,
+            "partial_closes": self.outbound.partial_closes,
         }
 
     def metrics_snapshot(self, outbound_bytes: int) -> dict[str, Any]:

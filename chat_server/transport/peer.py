@@ -8,6 +8,9 @@ connection that neither websocket library does for us.
   measured (its peak goes to ``/stats``); past ``MAX_OUTBOUND_BYTES`` the connection
   gets close 1013 "slow consumer". Frames queued count toward the bound with what
   the buffer holds, so the close comes after the same frame as without coalescing.
+  Pongs count too (:meth:`ChatPeer._ponged`, after each read that held pings): a client
+  that pings and never reads meets the same 1013, and one still pinging past the bound
+  once its close frame is written is dropped at once. Only the close frame is exempt.
 - **Replays** (:meth:`ChatPeer.send_paced`) wait while the write buffer is above its
   high-water mark, so a replay is paced by the client's reading and never trips 1013.
 - **Closing.** :meth:`ChatPeer.close` sends the close frame after what was queued;
@@ -19,13 +22,19 @@ connection that neither websocket library does for us.
   ``MAX_FRAME_BYTES``: 1009); a text message that is not UTF-8 closes with 1007; a
   frame handler that raises is logged and closes with 1011. Frames that arrive once
   the connection is closing are dropped.
+- **Partial messages.** A message sent in several frames must be whole within
+  ``PARTIAL_MESSAGE_TIMEOUT_S`` of its first frame (else close 1008), and what every
+  connection's partial message holds (its bytes, plus :data:`INFLATER_BYTES` while a
+  compressed one keeps its inflater) counts toward the process' ``MAX_PARTIAL_BYTES``:
+  the frame that would pass it closes its connection with 1013.
 
 A transport's connection class derives from :class:`ChatPeer`, says how frames,
 close frames and pings reach the wire (:meth:`ChatPeer._send_close_frame`,
 :meth:`ChatPeer._send_ping`, and :meth:`ChatPeer._write_frames` for data frames when an
 extension with context takeover is negotiated) and reports what
 its library tells it (:meth:`ChatPeer._opened`, :meth:`ChatPeer._deliver`,
-:meth:`ChatPeer._fragment`, :meth:`ChatPeer._pong`, :meth:`ChatPeer._gone`).
+:meth:`ChatPeer._fragment`, :meth:`ChatPeer._pong`, :meth:`ChatPeer._gone`), and
+calls :meth:`ChatPeer._ponged` once it has answered pings.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from chat_server.transport.base import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_INVALID_TEXT,
     CLOSE_MESSAGE_TOO_BIG,
+    CLOSE_POLICY_VIOLATION,
     CLOSE_PROTOCOL_ERROR,
     CLOSE_TRY_AGAIN_LATER,
     bound_send_buffer,
@@ -50,6 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("chat_server.transport")
 
+#: what a zlib inflater with a 2^15 window holds once it has inflated (its state and its
+#: window: 40,143 bytes measured with tracemalloc, CPython 3.11, zlib 1.2), charged to
+#: ``MAX_PARTIAL_BYTES`` while a compressed message in several frames keeps one
+INFLATER_BYTES = 40 * 1024
+
 #: every field a connection holds for :class:`ChatPeer` (a subclass with ``__slots__``
 #: lists them: slots keep an idle connection small)
 PEER_SLOTS = (
@@ -61,6 +76,8 @@ PEER_SLOTS = (
     "_keepalive",
     "_out",
     "_out_bytes",
+    "_partial_bytes",
+    "_partial_timer",
     "_pong_due",
     "_spare_bytes",
     "closing",
@@ -98,6 +115,10 @@ class ChatPeer:
     _drained: list[asyncio.Future[None]] | None
     _fragments: bytearray | None
     _fragments_text: bool
+    #: what this connection's partial message is charged to ``MAX_PARTIAL_BYTES``
+    _partial_bytes: int
+    #: closes the connection (1008) when its partial message is not whole in time
+    _partial_timer: asyncio.TimerHandle | None
     _keepalive: asyncio.TimerHandle | None
     _pong_due: bool
     _drop: asyncio.TimerHandle | None
@@ -115,6 +136,8 @@ class ChatPeer:
         self._drained = None
         self._fragments = None
         self._fragments_text = False
+        self._partial_bytes = 0
+        self._partial_timer = None
         self._keepalive = None
         self._pong_due = False
         self._drop = None
@@ -132,6 +155,12 @@ class ChatPeer:
     def _send_ping(self) -> None:
         """Write a ping frame."""
         raise NotImplementedError
+
+    def _inflater_held(self) -> bool:
+        """Whether an inflater is kept for the message being read (only asked while a
+        message sent in several frames is open; extensions with context takeover keep
+        theirs for the connection's lifetime and answer False)."""
+        return False
 
     # ---- the service's side ---------------------------------------------------------------
 
@@ -270,17 +299,51 @@ class ChatPeer:
         else:
             fragments = self._fragments = bytearray()
             self._fragments_text = text
+            owner = self.owner
+            self._partial_timer = owner.loop.call_later(
+                owner.settings.partial_message_timeout_s, self._partial_expired
+            )
         if len(fragments) + len(data) > self.owner.settings.max_frame_bytes:
             self._fail(CLOSE_MESSAGE_TOO_BIG, "message over MAX_FRAME_BYTES")
             return
         fragments += data
         if not fin:
+            held = len(fragments) + (INFLATER_BYTES if self._inflater_held() else 0)
+            self._hold_partial(held)
             return
+        self._release_partial()
         self._fragments = None
         if self._fragments_text:
             self._deliver_text(fragments)
         else:
             self._deliver(bytes(fragments))
+
+    def _hold_partial(self, held_bytes: int) -> None:
+        """Charge this connection's partial message ``held_bytes`` in all to the process'
+        ``MAX_PARTIAL_BYTES``; close 1013 if that would pass it."""
+        stats = self.owner.stats
+        total = stats.partial_bytes + held_bytes - self._partial_bytes
+        if total > self.owner.settings.max_partial_bytes:
+            stats.partial_closes += 1
+            self._fail(CLOSE_TRY_AGAIN_LATER, "partial messages over MAX_PARTIAL_BYTES")
+            return
+        stats.partial_bytes = total
+        stats.peak_partial_bytes = max(stats.peak_partial_bytes, total)
+        self._partial_bytes = held_bytes
+
+    def _release_partial(self) -> None:
+        """The partial message is whole or given up: its charge and its timer go."""
+        if self._partial_timer is not None:
+            self._partial_timer.cancel()
+            self._partial_timer = None
+        if self._partial_bytes:
+            self.owner.stats.partial_bytes -= self._partial_bytes
+            self._partial_bytes = 0
+
+    def _partial_expired(self) -> None:
+        self._partial_timer = None
+        self.owner.stats.partial_closes += 1
+        self._fail(CLOSE_POLICY_VIOLATION, "message not whole within PARTIAL_MESSAGE_TIMEOUT_S")
 
     def _pong(self) -> None:
         """A pong: the keepalive's answer (an unsolicited one is ignored)."""
@@ -292,6 +355,40 @@ class ChatPeer:
         self._keepalive = self.owner.loop.call_later(
             self.owner.settings.ping_interval_s, self._ping
         )
+
+    def _ponged(self) -> None:
+        """Pongs were written (only after a read that held pings): everything the peer has
+        not read counts toward ``MAX_OUTBOUND_BYTES``, as after a flush.
+
+        Past the bound an open connection gets 1013 "slow consumer"; one already closing
+        (its close frame, which is exempt, is written) that still pings without reading
+        is dropped now, instead of piling pongs behind its close frame until
+        ``CLOSE_TIMEOUT_S``.
+        """
+        tcp = self.tcp
+        if tcp is None:
+            return
+        owner = self.owner
+        buffered = tcp.get_write_buffer_size()
+        stats = owner.stats
+        stats.peak_outbound_bytes = max(stats.peak_outbound_bytes, buffered)
+        if buffered <= owner.max_outbound_bytes:
+            return
+        if self.closing:
+            self.abort()
+            return
+        stats.slow_consumer_closes += 1
+        self.close(CLOSE_TRY_AGAIN_LATER, "slow consumer")
+
+    def _owes_past_bound(self) -> bool:
+        """A read held pings although this connection is closing: drop it now (True) if
+        what it has not read is past ``MAX_OUTBOUND_BYTES`` already, before its library
+        writes the pongs (websockets answers pings while closing; picows does not)."""
+        tcp = self.tcp
+        if tcp is None or tcp.get_write_buffer_size() <= self.owner.max_outbound_bytes:
+            return False
+        self.abort()
+        return True
 
     def pause_writing(self) -> None:
         """The write buffer passed its high-water mark: paced sends wait."""
@@ -305,6 +402,8 @@ class ChatPeer:
     def _gone(self) -> None:
         """The connection is closed: it leaves the service, its timers stop."""
         self.closing = True
+        self._fragments = None
+        self._release_partial()
         for handle in (self._keepalive, self._drop):
             if handle is not None:
                 handle.cancel()
@@ -338,6 +437,7 @@ class ChatPeer:
         ``CLOSE_TIMEOUT_S``, ends the connection, as for every other close.
         """
         self._fragments = None
+        self._release_partial()
         self.close(code, reason)
 
     def _drop_later(self) -> None:

@@ -4,14 +4,17 @@ picows parses the handshake and the frames and calls back per frame from the eve
 loop, with no task or queue per connection. The handshake is
 :class:`~chat_server.transport.base.Admission`'s, run in picows' listener factory
 (:meth:`PicowsTransport._route`): ``/healthz``, ``/stats``, the web page, 404, 503,
-401 before 400, the chosen subprotocol and ``X-Chatlab-Worker`` on every response.
+401 before 400, the chosen subprotocol and ``X-Chatlab-Worker`` on every response
+(with ``EXPOSE_INTERNALS=on``).
 Each upgraded connection's listener, :class:`PicowsPeer`, is a
 :class:`~chat_server.transport.peer.ChatPeer`: writes coalesced per loop iteration
 (straight to the TCP transport under the websocket), the slow-consumer bound
-checked on every flush, replay pacing, closing with its timeout, keepalive (picows'
-own auto-ping closes with 1001, the contract says 1011: it is off), reassembly and
-the UTF-8 check are the ones websockets' connections share. What is picows' here:
-the echo of a client's close frame.
+checked on every flush and after every pong, replay pacing, closing with its
+timeout, keepalive (picows' own auto-ping closes with 1001, the contract says 1011:
+it is off), reassembly with its bounds and the UTF-8 check are the ones websockets'
+connections share. What is picows' here: the echo of a client's close frame, and the
+pongs, written through ``WSTransport.send_pong`` (picows' auto-pong is off, so that
+they count toward ``MAX_OUTBOUND_BYTES``).
 
 permessage-deflate with context takeover (``WS_DEFLATE=on``) is websockets' only: it is
 refused at start with this transport (see :mod:`chat_server.settings`). With
@@ -56,7 +59,6 @@ from chat_server.transport.base import (
     CLOSE_INVALID_TEXT,
     CLOSE_MESSAGE_TOO_BIG,
     CLOSE_PROTOCOL_ERROR,
-    WORKER_HEADER,
     Admitted,
     ServerTransport,
 )
@@ -84,6 +86,7 @@ TEXT = WSMsgType.TEXT
 BINARY = WSMsgType.BINARY
 CONTINUATION = WSMsgType.CONTINUATION
 CLOSE = WSMsgType.CLOSE
+PING = WSMsgType.PING
 PONG = WSMsgType.PONG
 
 
@@ -122,6 +125,11 @@ class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
             self._fragment(kind == TEXT, frame.get_payload_as_memoryview(), frame.fin)
         elif kind == CONTINUATION:
             self._fragment(None, frame.get_payload_as_memoryview(), frame.fin)
+        elif kind == PING:
+            # answered here, not by picows' auto-pong, so that the pong counts toward
+            # MAX_OUTBOUND_BYTES (picows drops it once a close frame was sent)
+            transport.send_pong(frame.get_payload_as_bytes())
+            self._ponged()
 
     def on_ws_disconnected(self, transport: WSTransport) -> None:
         self._gone()
@@ -167,6 +175,13 @@ class DeflatePicowsPeer(PicowsPeer):
         else:
             super().on_ws_frame(transport, frame)
 
+    def _inflater_held(self) -> bool:
+        return self._inflater is not None
+
+    def _release_partial(self) -> None:
+        super()._release_partial()
+        self._inflater = None  # whole, or given up: its inflater goes with it
+
     def _inflated(self, text: bool | None, data: memoryview, fin: bool) -> None:
         """A frame of a compressed message: inflated, then delivered or reassembled."""
         if self.closing:
@@ -205,7 +220,7 @@ class PicowsTransport(ServerTransport):
         listen_socket: socket.socket | None = None,
     ) -> None:
         super().__init__(settings, service, verifier, codec, listen_socket)
-        self._headers = {WORKER_HEADER: self.worker}
+        self._headers = dict(self.worker_headers)
         self._shared_deflate = settings.ws_deflate == "shared"
 
     def connection_protocol(self) -> asyncio.BufferedProtocol:
@@ -250,8 +265,9 @@ def server_protocol(
     route: Callable[[WSUpgradeRequest], Any], max_frame_bytes: int
 ) -> asyncio.BufferedProtocol:
     """picows' protocol for one accepted connection, as ``ws_create_server`` builds it:
-    ``route`` answers the request, frames over ``max_frame_bytes`` close it, picows
-    answers pings, its own keepalive is off (:class:`ChatPeer`'s closes with 1011)."""
+    ``route`` answers the request, frames over ``max_frame_bytes`` close it, its own
+    keepalive is off (:class:`ChatPeer`'s closes with 1011) and so is its auto-pong
+    (:class:`PicowsPeer` answers pings, so that the pongs count toward the 1013 bound)."""
     return WSProtocol(  # type: ignore[no-any-return]
         None,  # host and port: a client's
         None,  # the path: a client's
@@ -264,7 +280,7 @@ def server_protocol(
         20.0,
         20.0,
         WSAutoPingStrategy.PING_WHEN_IDLE,
-        True,  # picows' auto-pong
+        False,  # picows' auto-pong: PicowsPeer answers pings, counting the pongs
         max_frame_bytes,
         None,  # extra headers: a client's
         READ_BUFFER_INIT_BYTES,

@@ -6,7 +6,8 @@ it reads to ``ServerProtocol.receive_data``, handles ``events_received()`` and
 writes ``data_to_send()`` (as uvicorn's ``websockets_sansio_impl`` does). All of it
 is websockets' public sans-I/O API: the HTTP and frame parsing, limits on the
 request and on frame sizes (``MAX_FRAME_BYTES``: 1009), protocol errors (1002),
-pongs to pings, the echo of a client's close, and permessage-deflate with context
+pongs to pings (counted toward ``MAX_OUTBOUND_BYTES`` once written), the echo of a
+client's close, and permessage-deflate with context
 takeover (``WS_DEFLATE=on``). With ``WS_DEFLATE=shared`` websockets negotiates
 permessage-deflate through its public extension API (:class:`SharedDeflateFactory`),
 but the frames are chatlab's: a connection's data frames take the coalescer's framing,
@@ -17,8 +18,8 @@ compressed, without a compressor or inflater kept between messages
 
 The handshake is :class:`~chat_server.transport.base.Admission`'s: ``/healthz``,
 ``/stats``, the web page, 404, 503, 401 before 400, the subprotocol, and
-``X-Chatlab-Worker: <pid>`` on every response. A request whose method is not GET
-never reaches websockets: the transport's
+``X-Chatlab-Worker: <pid>`` on every response with ``EXPOSE_INTERNALS=on``. A request
+whose method is not GET never reaches websockets: the transport's
 :class:`~chat_server.transport.accept.MethodGate` answers it 405.
 """
 
@@ -41,7 +42,7 @@ from websockets.typing import ExtensionName, ExtensionParameter
 from chat_server.regressions import Regression
 from chat_server.settings import Settings
 from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
-from chat_server.transport.base import WORKER_HEADER, Admitted, Reply, ServerTransport
+from chat_server.transport.base import Admitted, Reply, ServerTransport
 from chat_server.transport.deflate import (
     EXTENSION_NAME,
     InflatedTooBig,
@@ -57,6 +58,7 @@ ws_log = logging.getLogger("chat_server.transport.websockets")
 TEXT = Opcode.TEXT
 BINARY = Opcode.BINARY
 CONT = Opcode.CONT
+PING = Opcode.PING
 PONG = Opcode.PONG
 OPEN = State.OPEN
 CONNECTING = State.CONNECTING
@@ -67,7 +69,7 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
     """One connection's asyncio protocol: websockets' ``ServerProtocol`` for the wire,
     :class:`ChatPeer` for the rest."""
 
-    __slots__ = (*PEER_SLOTS, "_handshake_timer", "_protocol")
+    __slots__ = (*PEER_SLOTS, "_deflate", "_handshake_timer", "_protocol")
 
     def __init__(self, owner: WebsocketsTransport) -> None:
         super().__init__(owner)
@@ -78,6 +80,8 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
             logger=ws_log,
         )
         self._handshake_timer: Any = None
+        #: WS_DEFLATE=shared, negotiated: the extension inflating this connection's messages
+        self._deflate: SharedDeflate | None = None
 
     # ---- asyncio.Protocol -----------------------------------------------------------------
 
@@ -88,6 +92,7 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         protocol = self._protocol
         protocol.receive_data(data)
+        pinged = False
         for event in protocol.events_received():
             if type(event) is Frame:
                 opcode = event.opcode
@@ -105,10 +110,16 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
                     self._fragment(None, event.data, event.fin)
                 elif opcode is PONG:
                     self._pong()
-                # a ping is answered and a close echoed by the protocol itself
+                elif opcode is PING:
+                    pinged = True  # the protocol queued its pong: counted once written
+                # a close is echoed by the protocol itself
             else:
                 self._handshake(event)  # type: ignore[arg-type]
+        if pinged and self.closing and self._owes_past_bound():
+            return  # dropped: its pongs are not written
         self._send_pending()
+        if pinged:
+            self._ponged()
         if protocol.state is not OPEN:
             self._leaving_open()
 
@@ -143,6 +154,16 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
         self._protocol.send_ping(b"")
         self._send_pending()
 
+    def _inflater_held(self) -> bool:
+        # as the parser left it after this read (it parses a read's frames before they
+        # are handled): off by one message at most, within one read
+        return self._deflate is not None and self._deflate.inflating
+
+    def _fail(self, code: int, reason: str) -> None:
+        if self._deflate is not None:  # nothing more is read: the inflater goes now
+            self._deflate.forget()
+        super()._fail(code, reason)
+
     # ---- internals ------------------------------------------------------------------------
 
     def _send_pending(self) -> None:
@@ -171,9 +192,12 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
         protocol = self._protocol
         if isinstance(decision, Admitted):
             response = protocol.accept(request)
+            if owner.shared_deflate is not None:
+                self._deflate = owner.shared_deflate.take_accepted()
         else:
             response = _response(protocol, decision)
-        response.headers[WORKER_HEADER] = owner.worker
+        for name, value in owner.worker_headers:
+            response.headers[name] = value
         protocol.send_response(response)
         if protocol.state is OPEN:
             if "Sec-WebSocket-Extensions" in response.headers:
@@ -206,6 +230,10 @@ class WebsocketsTransport(ServerTransport):
         super().__init__(*args, **kwargs)
         #: permessage-deflate as WS_DEFLATE says (None: off)
         self.extensions = _deflate_extensions(self.settings)
+        #: WS_DEFLATE=shared: the factory, which hands each connection its extension
+        self.shared_deflate = next(
+            (f for f in self.extensions or () if isinstance(f, SharedDeflateFactory)), None
+        )
         #: the codec's subprotocol when the client offers it, else none (a client that
         #: offers only others was refused 400 by Admission already); websockets binds it
         #: to the protocol, so it is a plain function
@@ -251,6 +279,9 @@ class SharedDeflateFactory(ServerExtensionFactory):
 
     name = ExtensionName(EXTENSION_NAME)
 
+    def __init__(self) -> None:
+        self._accepted: SharedDeflate | None = None
+
     def process_request_params(
         self, params: Sequence[ExtensionParameter], accepted_extensions: Sequence[Extension]
     ) -> tuple[list[ExtensionParameter], SharedDeflate]:
@@ -258,7 +289,18 @@ class SharedDeflateFactory(ServerExtensionFactory):
         declines the offer (websockets then tries the next, or answers without one)."""
         if any(other.name == self.name for other in accepted_extensions):
             raise NegotiationError(f"skipped duplicate {self.name}")
-        return negotiate(params), SharedDeflate()
+        answer = negotiate(params)
+        self._accepted = extension = SharedDeflate()
+        return answer, extension
+
+    def take_accepted(self) -> SharedDeflate | None:
+        """The extension the handshake that just ran accepted (None: it accepted none).
+
+        ``ServerProtocol.accept`` negotiates within the call, on the event loop's one
+        thread, so the extension made last is that connection's; taking it clears it.
+        """
+        extension, self._accepted = self._accepted, None
+        return extension
 
 
 class SharedDeflate(Extension):
@@ -279,6 +321,15 @@ class SharedDeflate(Extension):
     def __init__(self) -> None:
         #: the message being read in several frames, if it is compressed
         self._inflater: MessageInflater | None = None
+
+    @property
+    def inflating(self) -> bool:
+        """Whether an inflater is kept for a compressed message not yet whole."""
+        return self._inflater is not None
+
+    def forget(self) -> None:
+        """Drop the inflater of a message given up (its connection is closing)."""
+        self._inflater = None
 
     def decode(self, frame: Frame, *, max_size: int | None = None) -> Frame:
         """``frame`` with its data inflated when its message is compressed."""

@@ -210,6 +210,13 @@ def test_deflate_max_window_needs_deflate_with_context_takeover():
     assert bad.value.name == "REGRESSION"
 
 
+def test_max_partial_bytes_must_hold_one_whole_message():
+    with pytest.raises(SettingError) as bad:
+        Settings.from_mapping({"MAX_PARTIAL_BYTES": "65535", "MAX_FRAME_BYTES": "65536"})
+    assert bad.value.name == "MAX_PARTIAL_BYTES"
+    assert Settings.from_mapping({"MAX_PARTIAL_BYTES": "65536"}).max_partial_bytes == 65536
+
+
 def test_a_cluster_takes_seed_nodes_and_one_redis_takes_one_url():
     seeds = "redis://10.0.0.1:7000, redis://:secret@10.0.0.2:7000"
     settings = Settings.from_mapping({"BROKER": "redis", "REDIS_CLUSTER": "on", "REDIS_URL": seeds})

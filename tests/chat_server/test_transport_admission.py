@@ -35,7 +35,7 @@ def service() -> FakeService:
 @pytest.fixture
 def admission(keys: KeyPair, service: FakeService) -> Admission:
     """JSON codec, at most two connections, tokens from the test key pair."""
-    settings = Settings.from_mapping({"MAX_CONNECTIONS": "2"})
+    settings = Settings.from_mapping({"MAX_CONNECTIONS": "2", "EXPOSE_INTERNALS": "on"})
     verifier = TokenVerifier(keys.private_key.public_key(), "EdDSA", ISSUER, AUDIENCE)
     return Admission(settings, service, verifier, get_codec("orjson"), OutboundStats())  # type: ignore[arg-type]
 
