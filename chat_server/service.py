@@ -157,6 +157,19 @@ class ChatService:
         if handle_now:
             self.dispatch(session, frame)
 
+    def on_control_frame(self, session: Session) -> bool:
+        """A ping, or a pong nobody asked for, draws a frame of the session's rate allowance
+        like any frame (the contract: every incoming frame does); False when none is left:
+        a ping is then not answered, and enough refusals close the connection with 1008."""
+        core = self.core
+        if session.closed:
+            return False
+        now = time.monotonic()
+        if core.allow_frame(session, now):
+            return True
+        core.control_frame_limited(session, now)
+        return False
+
     def dispatch(self, session: Session, frame: Payload) -> None:
         """Decode one frame that drew its allowance and run its handler; errors become frames."""
         try:

@@ -183,11 +183,21 @@ class ChatCore:
 
     def rate_limited(self, session: Session, now: float, ref: str | None = None) -> None:
         """Answer ``rate_limited`` (with the refused send's ``ref``); close 1008 on a flood."""
+        self._send_error(session, ErrorCode.RATE_LIMITED, "too many frames", ref)
+        self._note_limited(session, now, "rate_limited: flood")
+
+    def control_frame_limited(self, session: Session, now: float) -> None:
+        """A ping (or a pong nobody asked for) past the session's allowance: no answer and
+        no error frame (either would be output a flooder makes the server write); it
+        counts toward the flood close like a refused data frame."""
+        self._note_limited(session, now, "rate_limited: control frame flood")
+
+    def _note_limited(self, session: Session, now: float, reason: str) -> None:
+        """Close 1008 once ``burst`` frames were refused within the flood window."""
         limited_at = session.limited_at
         limited_at.append(now)
-        self._send_error(session, ErrorCode.RATE_LIMITED, "too many frames", ref)
         if len(limited_at) == self.burst and now - limited_at[0] <= self.flood_window_s:
-            self._close(session, CLOSE_POLICY_VIOLATION, "rate_limited: flood")
+            self._close(session, CLOSE_POLICY_VIOLATION, reason)
 
     def fail(self, session: Session, error: ChatError) -> None:
         """Answer an error frame; close 1008 once the counted errors reach the limit."""

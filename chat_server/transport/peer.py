@@ -345,9 +345,19 @@ class ChatPeer:
         self.owner.stats.partial_closes += 1
         self._fail(CLOSE_POLICY_VIOLATION, "message not whole within PARTIAL_MESSAGE_TIMEOUT_S")
 
+    def _control_frame_allowed(self) -> bool:
+        """A ping, or a pong nobody asked for, draws a rate-limit token like a data frame,
+        so that control frames cost a client what data frames cost (its pings are answered
+        within its allowance; a flood of them is closed 1008)."""
+        session = self.session
+        return session is None or self.owner.service.on_control_frame(session)
+
     def _pong(self) -> None:
-        """A pong: the keepalive's answer (an unsolicited one is ignored)."""
+        """A pong: the keepalive's answer (an unsolicited one draws a rate-limit token and
+        is otherwise ignored)."""
         if not self._pong_due or self.closing:
+            if not self.closing:
+                self._control_frame_allowed()
             return
         self._pong_due = False
         if self._keepalive is not None:

@@ -125,8 +125,9 @@ class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
             self._fragment(kind == TEXT, frame.get_payload_as_memoryview(), frame.fin)
         elif kind == CONTINUATION:
             self._fragment(None, frame.get_payload_as_memoryview(), frame.fin)
-        elif kind == PING:
-            # answered here, not by picows' auto-pong, so that the pong counts toward
+        elif kind == PING and self._control_frame_allowed():
+            # answered here, not by picows' auto-pong, so that the ping draws a rate-limit
+            # token (past the allowance it is not answered) and the pong counts toward
             # MAX_OUTBOUND_BYTES (picows drops it once a close frame was sent)
             transport.send_pong(frame.get_payload_as_bytes())
             self._ponged()

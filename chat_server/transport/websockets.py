@@ -111,7 +111,12 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
                 elif opcode is PONG:
                     self._pong()
                 elif opcode is PING:
-                    pinged = True  # the protocol queued its pong: counted once written
+                    # the protocol queued its pong: counted once written; the ping draws a
+                    # rate-limit token (websockets answers every ping, so past the
+                    # allowance the pong still goes, and the flood close bounds them)
+                    pinged = True
+                    if not self.closing:
+                        self._control_frame_allowed()
                 # a close is echoed by the protocol itself
             else:
                 self._handshake(event)  # type: ignore[arg-type]

@@ -16,7 +16,9 @@ gets its message and its ack).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -43,7 +45,7 @@ from tests.support import (
 
 pytestmark = pytest.mark.transports
 
-CONT, TEXT, PING = 0x0, 0x1, 0x9
+CONT, TEXT, CLOSE, PING, PONG = 0x0, 0x1, 0x8, 0x9, 0xA
 MAX_OUTBOUND_BYTES = 64 * 1024
 #: the most the server reads at once (asyncio's selector transports: 256 KiB; picows reads
 #: into its own smaller buffer): the pongs of one read are written before they are counted
@@ -73,6 +75,28 @@ def hostile_server(
         socket_send_buffer_bytes=16 * 1024,
         partial_message_timeout_s=PARTIAL_MESSAGE_TIMEOUT_S,
         max_partial_bytes=MAX_PARTIAL_BYTES,
+        # the pongs' bound, not the rate limit's, is what the ping flood meets here
+        rate_limit_per_s=1_000_000,
+        rate_limit_burst=1_000_000,
+    )
+    try:
+        yield server.start()
+    finally:
+        server.kill()
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def plain_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, keys: KeyPair
+) -> Iterator[ServerProcess]:
+    """One server per transport with the default bounds (``EXPOSE_INTERNALS`` off, the
+    default rate limit), shared by the tests of what a stranger meets with them."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("plain"),
+        keys,
+        transport=request.param,
+        event_loop="asyncio",
+        expose_internals="off",
     )
     try:
         yield server.start()
@@ -245,11 +269,11 @@ def _answer(server: ServerProcess, path: str) -> tuple[int, dict[str, str], str]
 
 
 async def test_a_stranger_reads_no_counters_host_or_pid_by_default(
-    start_server, keys: KeyPair
+    plain_server: ServerProcess, keys: KeyPair
 ) -> None:
     """Bound: with ``EXPOSE_INTERNALS`` off (the default) ``/stats`` is 404 and no
     response, the 101 included, carries ``X-Chatlab-Worker``; the chat is served."""
-    server = start_server(event_loop="asyncio", expose_internals="off")
+    server = plain_server
     assert server.proc is not None
     pid = str(server.proc.pid)
     answers = {path: _answer(server, path) for path in ("/stats", "/healthz", "/ws", "/nope")}
@@ -261,3 +285,49 @@ async def test_a_stranger_reads_no_counters_host_or_pid_by_default(
     assert WORKER_HEADER not in client.conn.response.headers
     await client.close()
     await served(server, keys.mint("bystander"))
+
+
+#: the default RATE_LIMIT_BURST: a flood is closed once this many frames were refused
+#: within RATE_LIMIT_BURST / RATE_LIMIT_PER_S seconds
+RATE_LIMIT_BURST = 100
+#: pings the flooder sends at most (it stops once closed)
+PINGS_CAP = 20_000
+
+
+async def test_a_ping_flood_that_reads_its_pongs_is_closed_by_the_rate_limit(
+    plain_server: ServerProcess, keys: KeyPair
+) -> None:
+    """Bound: pings draw rate-limit tokens like any frame, so a client that pings as fast
+    as it can (and reads every pong) is answered within its allowance and closed with
+    1008 once ``RATE_LIMIT_BURST`` (100) were refused, not answered without end: at most
+    twice the burst plus one read's pings (websockets answers every ping it parsed; picows
+    answers none past the allowance) of the 20,000 it sends."""
+    server = plain_server
+    reader, writer = await raw_upgrade(server, keys.mint("pingpong"))
+    ping = masked_frame(b"p" * 125, PING)
+    one_read_pings = ONE_READ_BYTES // len(ping)
+
+    async def flood() -> None:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(PINGS_CAP // 1000):
+                writer.write(ping * 1000)
+                await writer.drain()
+
+    async def read_pongs() -> tuple[int, int | None]:
+        pongs = 0
+        while True:
+            try:
+                opcode, _, payload = await raw_frame(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return pongs, None
+            if opcode == PONG:
+                pongs += 1
+            elif opcode == CLOSE:
+                return pongs, struct.unpack("!H", payload[:2])[0]
+
+    (pongs, code), _, _ = await asyncio.gather(
+        asyncio.wait_for(read_pongs(), 30), flood(), served(server, keys.mint("bystander"))
+    )
+    writer.close()
+    assert code == 1008, f"{pongs} pongs, then close {code}"
+    assert RATE_LIMIT_BURST <= pongs <= 2 * RATE_LIMIT_BURST + one_read_pings
