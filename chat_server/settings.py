@@ -337,6 +337,22 @@ SPECS: tuple[Spec, ...] = (
         "seconds between background refreshes of the JWK set",
     ),
     Spec(
+        "JWKS_MAX_AGE_S",
+        "jwks_max_age_s",
+        "180",
+        number(1),
+        "age (since the last refresh that worked) past which the JWK set is stale: its keys "
+        "are still accepted, /healthz and chat_jwks_age_seconds say so, the alert fires "
+        "(at least 2 x JWKS_REFRESH_S)",
+    ),
+    Spec(
+        "JWT_LEEWAY_S",
+        "jwt_leeway_s",
+        "5",
+        number(0, 300),
+        "seconds the auth host's clock may be off from this one's: allowed on exp, nbf, iat",
+    ),
+    Spec(
         "PROFILE",
         "profile",
         "off",
@@ -534,6 +550,8 @@ class Settings(SpecSettings):
     jwt_audience: str
     jwt_jwks_url: tuple[str, ...]
     jwks_refresh_s: float
+    jwks_max_age_s: float
+    jwt_leeway_s: float
     profile: str
     profile_interval_s: float
     profile_dir: str
@@ -561,6 +579,13 @@ class Settings(SpecSettings):
     worker_seat: str
 
     def _check_combinations(self) -> None:
+        if self.jwks_max_age_s < 2 * self.jwks_refresh_s:
+            raise SettingError(
+                "JWKS_MAX_AGE_S",
+                f"{self.jwks_max_age_s:g}",
+                f"at least 2 x JWKS_REFRESH_S = {2 * self.jwks_refresh_s:g} (one missed refresh "
+                "is no alarm)",
+            )
         if self.transport == "picows" and self.regression == "deflate_max_window":
             raise SettingError(
                 "REGRESSION",
