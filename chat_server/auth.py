@@ -165,7 +165,7 @@ def load_verifier(settings: Settings) -> TokenVerifier:
             settings.jwt_jwks_url,
             settings.jwt_algorithm,
             settings.jwks_refresh_s,
-            max_age_s=settings.jwks_max_age_s,
+            max_age_s=settings.jwks_stale_after_s(),
         )
         try:
             jwks.fetch()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ __all__ = [
     "opens_chat",
     "running_relay",
     "stored_history",
+    "wait_until",
 ]
 
 
@@ -167,6 +169,23 @@ class Client:
     async def close(self) -> None:
         """Close normally."""
         await self.conn.close()
+
+
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10, what: str = ""
+) -> None:
+    """Return once ``condition()`` (a function or a coroutine function) is true; fail the
+    test naming ``what`` if it is still false after ``timeout_s``. Polls every 0.1 s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        outcome = condition()
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        if outcome:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what or condition}")
+        await asyncio.sleep(0.1)
 
 
 async def opens_chat(server: ServerProcess, token: str) -> bool:
