@@ -195,7 +195,8 @@ SPECS: tuple[Spec, ...] = (
         "login_rate_per_user_per_min",
         "10",
         _rate,
-        "failed logins per username per minute (0: no limit)",
+        "failed logins per username per minute, from every address together; past it only "
+        "addresses the username logged in from in the last 30 days may try (0: no limit)",
     ),
     Spec(
         "LOGIN_BURST_PER_USER",
@@ -203,6 +204,20 @@ SPECS: tuple[Spec, ...] = (
         "5",
         integer(1),
         "failed logins one username may make at once",
+    ),
+    Spec(
+        "LOGIN_RATE_PER_USER_CLIENT_PER_MIN",
+        "login_rate_per_user_client_per_min",
+        "10",
+        _rate,
+        "failed logins per (username, client address) per minute (0: no limit)",
+    ),
+    Spec(
+        "LOGIN_BURST_PER_USER_CLIENT",
+        "login_burst_per_user_client",
+        "5",
+        integer(1),
+        "failed logins one (username, client address) may make at once",
     ),
     Spec(
         "LOGIN_RATE_PER_CLIENT_PER_MIN",
@@ -289,6 +304,8 @@ class Settings(SpecSettings):
     hash_queue_max: int
     login_rate_per_user_per_min: float
     login_burst_per_user: int
+    login_rate_per_user_client_per_min: float
+    login_burst_per_user_client: int
     login_rate_per_client_per_min: float
     login_burst_per_client: int
     register_rate_per_client_per_min: float
