@@ -30,10 +30,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from auth_service.connections import ConnectionGuard
 from auth_service.errors import AuthCode, AuthError, Unavailable
 from auth_service.metrics import AuthMetrics, MeasuredPasswords, RequestMetrics
 from auth_service.passwords import InlinePasswords, PasswordPool
@@ -320,10 +321,13 @@ async def _read_body(request: Request) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
+    except ClientDisconnect:  # gone, or cut off by AUTH_BODY_TIMEOUT_S (answered 408 then)
+        raise AuthError(AuthCode.REQUEST_TIMEOUT, "the body did not arrive") from None
     return bytes(body)
 
 
@@ -362,12 +366,24 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(500, "internal", "the service failed", None)
 
 
-def server_config(app: Starlette, host: str, port: int, **extra: Any) -> uvicorn.Config:
+def server_config(
+    app: Starlette,
+    host: str,
+    port: int,
+    guard: ConnectionGuard | None = None,
+    idle_timeout_s: float = 5,
+    **extra: Any,
+) -> uvicorn.Config:
     """uvicorn's settings for the API, the same for the service and the inline login.
 
     No lifespan, no uvicorn logging config (the process's own), no access log or
-    ``Server`` header; ``extra`` adds uvicorn options (a graceful-shutdown bound).
+    ``Server`` header; ``guard`` bounds the time to send a request and the connections
+    (:mod:`auth_service.connections`), ``idle_timeout_s`` a kept-alive connection's
+    wait for its next request (uvicorn's ``timeout_keep_alive``); ``extra`` adds
+    uvicorn options (a graceful-shutdown bound).
     """
+    if guard is not None:
+        extra["http"] = guard.protocol()
     return uvicorn.Config(
         app,
         host=host,
@@ -379,5 +395,7 @@ def server_config(app: Starlette, host: str, port: int, **extra: Any) -> uvicorn
         # the peer's address is the client: X-Forwarded-For would let anyone choose the
         # address the per-client rate limits count against
         proxy_headers=False,
+        # uvicorn's Config types it int; it only passes it to loop.call_later
+        timeout_keep_alive=idle_timeout_s,  # type: ignore[arg-type]
         **extra,
     )

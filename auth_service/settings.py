@@ -255,6 +255,37 @@ SPECS: tuple[Spec, ...] = (
         "usernames or addresses tracked per limit; past it the least recent is forgotten",
     ),
     Spec(
+        "AUTH_HEADER_TIMEOUT_S",
+        "header_timeout_s",
+        "10",
+        number(0.1, 3600),
+        "a request's header must arrive within this of the connection's first byte; past it "
+        "408 and the connection closes",
+    ),
+    Spec(
+        "AUTH_BODY_TIMEOUT_S",
+        "body_timeout_s",
+        "10",
+        number(0.1, 3600),
+        "a request's body must arrive within this of its header; past it 408 and the "
+        "connection closes",
+    ),
+    Spec(
+        "AUTH_IDLE_TIMEOUT_S",
+        "idle_timeout_s",
+        "5",
+        number(0.1, 3600),
+        "a kept-alive connection with no request in progress is closed after this",
+    ),
+    Spec(
+        "AUTH_MAX_CONNECTIONS",
+        "max_connections",
+        "1000",
+        integer(1, 1000000),
+        "connections open at once (cut at start to what the open-files limit allows); one "
+        "more is answered 503 with Retry-After and closed, with a warning in the log",
+    ),
+    Spec(
         "AUTH_CORS_ORIGINS",
         "cors_origins",
         "http://127.0.0.1:8000,http://localhost:8000",
@@ -311,6 +342,10 @@ class Settings(SpecSettings):
     register_rate_per_client_per_min: float
     register_burst_per_client: int
     rate_limit_keys_max: int
+    header_timeout_s: float
+    body_timeout_s: float
+    idle_timeout_s: float
+    max_connections: int
     cors_origins: tuple[str, ...]
     event_loop: str
     log_level: str
