@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import signal
 import sys
 import time
@@ -25,6 +26,7 @@ import uvicorn
 
 from auth_service.app import build_api, create_app, server_config
 from auth_service.backend import open_backend, open_database
+from auth_service.connections import ConnectionGuard
 from auth_service.errors import Unavailable
 from auth_service.keys_postgres import rotate_keyring
 from auth_service.passwords import Argon2Params, PasswordPool
@@ -44,6 +46,30 @@ GRACEFUL_SHUTDOWN_S = 10
 WAIT_S = 30
 #: users copied per transaction by migrate-users
 MIGRATE_BATCH = 500
+#: descriptors kept for the process beside its connections (listening socket, log, the
+#: hashing pool's pipes, SQLite; the PostgreSQL pool's AUTH_DB_POOL_MAX come on top)
+OPEN_FILES_RESERVE = 64
+
+
+def connections_that_fit(wanted: int, reserve: int) -> int:
+    """``wanted`` (``AUTH_MAX_CONNECTIONS``), cut to the open-files limit less ``reserve``
+    (the soft limit raised first as far as the hard one allows); a cut is logged."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted + reserve if hard == resource.RLIM_INFINITY else min(wanted + reserve, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    fits = max(1, soft - reserve)
+    if fits < wanted:
+        log.warning(
+            "AUTH_MAX_CONNECTIONS=%d cut to %d: the open-files limit is %d (%d kept for the "
+            "process)",
+            wanted,
+            fits,
+            soft,
+            reserve,
+        )
+    return min(wanted, fits)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,10 +141,19 @@ async def serve(settings: Settings) -> int:
     try:
         await passwords.start()
         api = build_api(settings, passwords, backend.users, backend.keys)
+        guard = ConnectionGuard(
+            settings.header_timeout_s,
+            settings.body_timeout_s,
+            connections_that_fit(
+                settings.max_connections, OPEN_FILES_RESERVE + settings.auth_db_pool_max
+            ),
+        )
         config = server_config(
             create_app(api, settings.cors_origins),
             settings.host,
             settings.port,
+            guard,
+            settings.idle_timeout_s,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
         server = uvicorn.Server(config)

@@ -30,14 +30,15 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from auth_service.connections import ConnectionGuard
 from auth_service.errors import AuthCode, AuthError, Unavailable
 from auth_service.metrics import AuthMetrics, MeasuredPasswords, RequestMetrics
 from auth_service.passwords import InlinePasswords, PasswordPool
-from auth_service.ratelimit import TokenBuckets
+from auth_service.ratelimit import KnownAddresses, TokenBuckets
 from auth_service.settings import Settings
 from auth_service.tokens import KeySource, TokenIssuer
 from auth_service.users import Users, username_key
@@ -54,13 +55,30 @@ _INVALID_CREDENTIALS: Final = "unknown username or wrong password"
 ROUTES: Final = ("/register", "/login", "/.well-known/jwks.json", "/healthz", "/metrics")
 
 
+#: addresses remembered per username as ones it logged in from (see Limits)
+KNOWN_ADDRESSES_PER_USER: Final = 8
+#: how long a successful login's address stays known for its username: 30 days
+KNOWN_ADDRESS_S: Final = 30 * 86400
+
+
 @dataclass(frozen=True)
 class Limits:
-    """The service's rate limits: failed logins per username, attempts per client address."""
+    """The service's rate limits (docs/protocol.md, "Login limits").
+
+    Failed logins are counted twice, both charged before the password is checked (so
+    concurrent guesses cannot pass a burst) and given back when it was right: per
+    (username, client address), which an attacker elsewhere cannot drain; and per
+    username over every address, a ceiling on guessing from many addresses that the
+    addresses a username logged in from lately (``known_addresses``) pass. So an
+    attacker guessing at a username slows itself and any new address, never its owner
+    at an address they logged in from. Besides: attempts per client address.
+    """
 
     failed_logins_per_user: TokenBuckets
     logins_per_client: TokenBuckets
     registrations_per_client: TokenBuckets
+    failed_logins_per_user_client: TokenBuckets
+    known_addresses: KnownAddresses
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -78,6 +96,12 @@ class Limits:
                 settings.register_burst_per_client,
                 keys_max,
             ),
+            TokenBuckets(
+                settings.login_rate_per_user_client_per_min,
+                settings.login_burst_per_user_client,
+                keys_max,
+            ),
+            KnownAddresses(KNOWN_ADDRESSES_PER_USER, KNOWN_ADDRESS_S, keys_max),
         )
 
 
@@ -126,7 +150,8 @@ class AuthAPI:
 
     async def login(self, request: Request) -> JSONResponse:
         """``POST /login``: 200 with a Bearer token, or 401 with one body for every failure."""
-        _draw(self.limits.logins_per_client, _client(request), "logins")
+        client = _client(request)
+        _draw(self.limits.logins_per_client, client, "logins")
         username, password = await _credentials(request)
         try:
             check_username(username)
@@ -135,20 +160,20 @@ class AuthAPI:
             # no such user can exist: nothing to hash
             raise AuthError(AuthCode.INVALID_CREDENTIALS, _INVALID_CREDENTIALS) from None
         key = username_key(username)
-        # the token is taken up front so that concurrent guesses cannot pass the burst;
-        # it is given back when the attempt turns out not to be a failed login
-        _draw(self.limits.failed_logins_per_user, key, "failed logins for this username")
+        taken = self._take_failed_login(key, client)
         try:
             user = await self.users.get(username)
             verdict = await self.passwords.verify(
                 None if user is None else user.password_hash, password
             )
         except Unavailable:
-            self.limits.failed_logins_per_user.refund(key, time.monotonic())
+            self._give_back(taken, time.monotonic())
             raise
         if user is None or not verdict.ok:
             raise AuthError(AuthCode.INVALID_CREDENTIALS, _INVALID_CREDENTIALS)
-        self.limits.failed_logins_per_user.refund(key, time.monotonic())
+        now = time.monotonic()
+        self._give_back(taken, now)
+        self.limits.known_addresses.remember(key, client, now)
         if verdict.needs_rehash:
             await self._rehash(user.username, password)
         return JSONResponse(
@@ -158,6 +183,36 @@ class AuthAPI:
                 "expires_in": self.tokens.ttl_s,
             }
         )
+
+    def _take_failed_login(self, key: str, client: str) -> list[tuple[TokenBuckets, str]]:
+        """Take a failed login's tokens up front (see :class:`Limits`), or raise 429; the
+        buckets and keys taken from, to give back when the attempt is no failed login."""
+        limits, now = self.limits, time.monotonic()
+        pair = f"{key} {client}"
+        wait_s = limits.failed_logins_per_user_client.take(pair, now)
+        if wait_s > 0:
+            raise AuthError(
+                AuthCode.RATE_LIMITED,
+                "too many failed logins for this username from this address; retry later",
+                wait_s,
+            )
+        taken = [(limits.failed_logins_per_user_client, pair)]
+        wait_s = limits.failed_logins_per_user.take(key, now)
+        if wait_s == 0:
+            taken.append((limits.failed_logins_per_user, key))
+        elif not limits.known_addresses.knows(key, client, now):
+            self._give_back(taken, now)
+            raise AuthError(
+                AuthCode.RATE_LIMITED,
+                "too many failed logins for this username; retry later, or from an "
+                "address it logged in from",
+                wait_s,
+            )
+        return taken
+
+    def _give_back(self, taken: list[tuple[TokenBuckets, str]], now: float) -> None:
+        for buckets, key in taken:
+            buckets.refund(key, now)
 
     async def jwks(self, request: Request) -> JSONResponse:
         """``GET /.well-known/jwks.json``: every public key a live token may carry."""
@@ -266,10 +321,13 @@ async def _read_body(request: Request) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise AuthError(AuthCode.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
+    except ClientDisconnect:  # gone, or cut off by AUTH_BODY_TIMEOUT_S (answered 408 then)
+        raise AuthError(AuthCode.REQUEST_TIMEOUT, "the body did not arrive") from None
     return bytes(body)
 
 
@@ -308,12 +366,24 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(500, "internal", "the service failed", None)
 
 
-def server_config(app: Starlette, host: str, port: int, **extra: Any) -> uvicorn.Config:
+def server_config(
+    app: Starlette,
+    host: str,
+    port: int,
+    guard: ConnectionGuard | None = None,
+    idle_timeout_s: float = 5,
+    **extra: Any,
+) -> uvicorn.Config:
     """uvicorn's settings for the API, the same for the service and the inline login.
 
     No lifespan, no uvicorn logging config (the process's own), no access log or
-    ``Server`` header; ``extra`` adds uvicorn options (a graceful-shutdown bound).
+    ``Server`` header; ``guard`` bounds the time to send a request and the connections
+    (:mod:`auth_service.connections`), ``idle_timeout_s`` a kept-alive connection's
+    wait for its next request (uvicorn's ``timeout_keep_alive``); ``extra`` adds
+    uvicorn options (a graceful-shutdown bound).
     """
+    if guard is not None:
+        extra["http"] = guard.protocol()
     return uvicorn.Config(
         app,
         host=host,
@@ -325,5 +395,7 @@ def server_config(app: Starlette, host: str, port: int, **extra: Any) -> uvicorn
         # the peer's address is the client: X-Forwarded-For would let anyone choose the
         # address the per-client rate limits count against
         proxy_headers=False,
+        # uvicorn's Config types it int; it only passes it to loop.call_later
+        timeout_keep_alive=idle_timeout_s,  # type: ignore[arg-type]
         **extra,
     )

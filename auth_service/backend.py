@@ -25,6 +25,7 @@ from auth_service.tokens import (
 )
 from auth_service.users import Users, UserStore
 from auth_service.users_postgres import PostgresUsers
+from chatlab.supervision import RESTART, supervisor
 
 
 @dataclass
@@ -87,7 +88,8 @@ async def open_backend(settings: Settings, *, create_keys: bool = True) -> Backe
     if create_keys:
         _write_public_key(files, keys)
     backend = Backend(PostgresUsers(database), keys, database)
-    backend.refresh_task = asyncio.ensure_future(keys.refresh_forever())
+    # survives a failed read itself; should it end anyway, it restarts
+    backend.refresh_task = supervisor().start("auth-keyring-refresh", keys.refresh_forever, RESTART)
     return backend
 
 

@@ -21,6 +21,7 @@ class AuthCode(enum.StrEnum):
     INVALID_CREDENTIALS = "invalid_credentials"
     USERNAME_TAKEN = "username_taken"
     TOO_LARGE = "too_large"
+    REQUEST_TIMEOUT = "request_timeout"
     RATE_LIMITED = "rate_limited"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
@@ -32,6 +33,7 @@ STATUS: Final = {
     AuthCode.INVALID_CREDENTIALS: 401,
     AuthCode.USERNAME_TAKEN: 409,
     AuthCode.TOO_LARGE: 413,
+    AuthCode.REQUEST_TIMEOUT: 408,
     AuthCode.RATE_LIMITED: 429,
     AuthCode.UNAVAILABLE: 503,
     AuthCode.INTERNAL: 500,

@@ -27,6 +27,7 @@ from auth_service.app import build_api, create_app, server_config
 from auth_service.backend import Backend, open_backend
 from auth_service.passwords import Argon2Params, InlinePasswords
 from auth_service.settings import Settings as AuthSettings
+from chatlab.supervision import supervisor
 
 log = logging.getLogger("chat_server.inline_login")
 
@@ -64,7 +65,8 @@ class InlineLogin:
         api = build_api(auth, passwords, self._backend.users, self._backend.keys)
         config = server_config(create_app(api), self.host, self.port)
         self._server = _EmbeddedServer(config)
-        self._task = asyncio.ensure_future(self._server.serve())
+        # REPORT: this server ends with the chat server; a failure is logged and counted
+        self._task = supervisor().spawn(self._server.serve(), "auth-inline")
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # raises what stopped it

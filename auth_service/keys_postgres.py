@@ -129,7 +129,9 @@ class DatabaseKeys:
 
     async def refresh_forever(self) -> None:
         """Re-read the rows every :data:`REFRESH_INTERVAL_S` until cancelled; keep the last
-        rows while the database cannot be read (logged once per outage)."""
+        rows while they cannot be read, whatever the reason: the database down
+        (``Unavailable``, logged once per outage) or anything else it raises (a refused
+        statement, a row that is not a key: logged with its traceback each time)."""
         failing = False
         while True:
             await asyncio.sleep(REFRESH_INTERVAL_S)
@@ -138,6 +140,10 @@ class DatabaseKeys:
             except Unavailable as exc:
                 if not failing:
                     log.warning("keyring not re-read, keeping %d keys: %s", len(self.rows), exc)
+                failing = True
+                continue
+            except Exception:  # a replica signing with a revoked key is worse than a log line
+                log.exception("keyring not re-read, keeping %d keys", len(self.rows))
                 failing = True
                 continue
             if failing:
@@ -194,7 +200,11 @@ async def _select_rows(conn: psycopg.AsyncConnection) -> list[KeyRow]:
     cursor = await conn.execute("SELECT kid, private_pem, created_at, active_at FROM signing_keys")
     rows = []
     for kid, pem, created_at, active_at in await cursor.fetchall():
-        private_key = serialization.load_pem_private_key(pem.encode(), password=None)
+        try:
+            private_key = serialization.load_pem_private_key(pem.encode(), password=None)
+        except (ValueError, TypeError) as exc:  # one bad row does not hide the others
+            log.warning("key %s left out: its PEM does not load (%s)", kid, exc)
+            continue
         if not isinstance(private_key, Ed25519PrivateKey):
             log.warning("key %s left out: not an Ed25519 key", kid)
             continue

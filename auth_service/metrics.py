@@ -11,6 +11,8 @@ to histograms):
 - ``auth_hash_seconds{op}``: a hashing job's time (``op``: ``hash``, ``verify``) from
   its hand-off to the pool to its result, the wait in the queue included;
 - ``auth_hash_rejected_total``: jobs refused because the pool was saturated;
+- ``auth_task_failures_total{task}``: background tasks that ended by an exception
+  (:mod:`chatlab.supervision`; the keyring refresh is restarted);
 - ``process_*``: prometheus_client's process collector (CPU, memory, open files).
 
 Each service instance has its own registry (never the process-global one), so two in
@@ -20,7 +22,7 @@ one process (tests, ``REGRESSION=auth_inline``) do not collide.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TypeVar
 
 from prometheus_client import (
@@ -31,6 +33,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.requests import Request
 from starlette.responses import Response
@@ -38,6 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from auth_service.errors import Unavailable
 from auth_service.passwords import InlinePasswords, PasswordPool, Verdict
+from chatlab.supervision import supervisor
 
 T = TypeVar("T")
 
@@ -88,6 +92,7 @@ class AuthMetrics:
         )
         for op in ("hash", "verify"):
             self.hash_seconds.labels(op)
+        self.registry.register(_TaskFailures())  # type: ignore[arg-type]
         ProcessCollector(registry=self.registry)
 
     def route_of(self, path: str) -> str:
@@ -104,6 +109,21 @@ class AuthMetrics:
         return Response(
             generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4}
         )
+
+
+class _TaskFailures:
+    """``auth_task_failures_total{task}``: the process supervisor's count, read at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the one family."""
+        family = CounterMetricFamily(
+            "auth_task_failures",
+            "background tasks that ended by an exception, by task (chatlab.supervision)",
+            labels=["task"],
+        )
+        for task, count in sorted(supervisor().failures.items()):
+            family.add_metric([task], count)
+        yield family
 
 
 class MeasuredPasswords:

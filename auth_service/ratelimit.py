@@ -1,4 +1,5 @@
-"""Token buckets keyed by username or client address, with a bounded number of keys.
+"""Token buckets keyed by username or client address, with a bounded number of keys, and
+the addresses each username logged in from lately.
 
 Pure bookkeeping (no I/O, no asyncio): the caller passes the time, so tests drive
 it with plain numbers. A key's bucket holds up to ``burst`` tokens and refills at
@@ -65,3 +66,40 @@ class TokenBuckets:
         # re-inserted last: the dict's order is least recently used first
         self._buckets[key] = bucket
         return bucket
+
+
+class KnownAddresses:
+    """Per username, the client addresses that logged in successfully lately.
+
+    Each username keeps its ``per_user`` most recent addresses, each for ``remember_s``
+    after its last success; at most ``max_users`` usernames are tracked, the least
+    recently successful forgotten first (which at worst treats its owner's address as
+    new again). Pure bookkeeping, like :class:`TokenBuckets`.
+    """
+
+    def __init__(self, per_user: int, remember_s: float, max_users: int) -> None:
+        self.per_user = per_user
+        self.remember_s = remember_s
+        self.max_users = max_users
+        self._users: dict[str, dict[str, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._users)
+
+    def remember(self, user: str, address: str, now_s: float) -> None:
+        """``address`` logged in as ``user`` at ``now_s``."""
+        addresses = self._users.pop(user, None)
+        if addresses is None:
+            addresses = {}
+            while len(self._users) >= self.max_users:
+                del self._users[next(iter(self._users))]
+        addresses.pop(address, None)
+        addresses[address] = now_s  # last: the dict's order is least recent first
+        while len(addresses) > self.per_user:
+            del addresses[next(iter(addresses))]
+        self._users[user] = addresses
+
+    def knows(self, user: str, address: str, now_s: float) -> bool:
+        """True when ``address`` logged in as ``user`` within the last ``remember_s``."""
+        seen_s = self._users.get(user, {}).get(address)
+        return seen_s is not None and now_s - seen_s <= self.remember_s

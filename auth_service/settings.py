@@ -195,7 +195,8 @@ SPECS: tuple[Spec, ...] = (
         "login_rate_per_user_per_min",
         "10",
         _rate,
-        "failed logins per username per minute (0: no limit)",
+        "failed logins per username per minute, from every address together; past it only "
+        "addresses the username logged in from in the last 30 days may try (0: no limit)",
     ),
     Spec(
         "LOGIN_BURST_PER_USER",
@@ -203,6 +204,20 @@ SPECS: tuple[Spec, ...] = (
         "5",
         integer(1),
         "failed logins one username may make at once",
+    ),
+    Spec(
+        "LOGIN_RATE_PER_USER_CLIENT_PER_MIN",
+        "login_rate_per_user_client_per_min",
+        "10",
+        _rate,
+        "failed logins per (username, client address) per minute (0: no limit)",
+    ),
+    Spec(
+        "LOGIN_BURST_PER_USER_CLIENT",
+        "login_burst_per_user_client",
+        "5",
+        integer(1),
+        "failed logins one (username, client address) may make at once",
     ),
     Spec(
         "LOGIN_RATE_PER_CLIENT_PER_MIN",
@@ -238,6 +253,37 @@ SPECS: tuple[Spec, ...] = (
         "100000",
         integer(1),
         "usernames or addresses tracked per limit; past it the least recent is forgotten",
+    ),
+    Spec(
+        "AUTH_HEADER_TIMEOUT_S",
+        "header_timeout_s",
+        "10",
+        number(0.1, 3600),
+        "a request's header must arrive within this of the connection's first byte; past it "
+        "408 and the connection closes",
+    ),
+    Spec(
+        "AUTH_BODY_TIMEOUT_S",
+        "body_timeout_s",
+        "10",
+        number(0.1, 3600),
+        "a request's body must arrive within this of its header; past it 408 and the "
+        "connection closes",
+    ),
+    Spec(
+        "AUTH_IDLE_TIMEOUT_S",
+        "idle_timeout_s",
+        "5",
+        number(0.1, 3600),
+        "a kept-alive connection with no request in progress is closed after this",
+    ),
+    Spec(
+        "AUTH_MAX_CONNECTIONS",
+        "max_connections",
+        "1000",
+        integer(1, 1000000),
+        "connections open at once (cut at start to what the open-files limit allows); one "
+        "more is answered 503 with Retry-After and closed, with a warning in the log",
     ),
     Spec(
         "AUTH_CORS_ORIGINS",
@@ -289,11 +335,17 @@ class Settings(SpecSettings):
     hash_queue_max: int
     login_rate_per_user_per_min: float
     login_burst_per_user: int
+    login_rate_per_user_client_per_min: float
+    login_burst_per_user_client: int
     login_rate_per_client_per_min: float
     login_burst_per_client: int
     register_rate_per_client_per_min: float
     register_burst_per_client: int
     rate_limit_keys_max: int
+    header_timeout_s: float
+    body_timeout_s: float
+    idle_timeout_s: float
+    max_connections: int
     cors_origins: tuple[str, ...]
     event_loop: str
     log_level: str

@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.serialization import (
 from chat_server.errors import ChatError
 from chat_server.settings import SettingError, Settings
 from chatlab.keys import key_id
+from chatlab.supervision import RESTART, supervisor
 
 _KEY_TYPES = {
     "EdDSA": (ed25519.Ed25519PublicKey, ed448.Ed448PublicKey),
@@ -65,7 +66,8 @@ class TokenVerifier:
     """Verifies chat tokens against one public key; returns the user (``sub``).
 
     ``kid``: the key's id, which a token's ``kid`` header must match when it has one
-    (None: any, for keys without an id).
+    (None: any, for keys without an id). ``leeway_s`` (``JWT_LEEWAY_S``): how far the
+    auth host's clock may be from this one's, allowed on ``exp``, ``nbf`` and ``iat``.
     """
 
     def __init__(
@@ -77,8 +79,10 @@ class TokenVerifier:
         keys_by_kid: JwksKeys | None = None,
         *,
         kid: str | None = None,
+        leeway_s: float = 0.0,
     ) -> None:
         self._key = public_key
+        self._leeway_s = leeway_s
         self._kid = kid
         self._keys_by_kid = keys_by_kid
         self._algorithms = [algorithm]
@@ -86,11 +90,21 @@ class TokenVerifier:
         self._audience = audience
         self._jwt = jwt.PyJWT(options={"require": ["exp", "iss", "aud", "sub"]})
 
+    @property
+    def jwks(self) -> JwksKeys | None:
+        """The JWK set the keys come from (None with a single PEM key)."""
+        return self._keys_by_kid
+
+    def health(self) -> str:
+        """What ``/healthz`` adds about the keys: the JWK set's age (nothing for a PEM key)."""
+        return "" if self._keys_by_kid is None else self._keys_by_kid.health()
+
     def start_refresh(self) -> asyncio.Task[None] | None:
         """Start refreshing the JWK set in the background (None with a single PEM key)."""
         if self._keys_by_kid is None:
             return None
-        return asyncio.ensure_future(self._keys_by_kid.refresh_forever())
+        # the refresh survives any failed fetch itself; should it end anyway, it restarts
+        return supervisor().start("chat-jwks-refresh", self._keys_by_kid.refresh_forever, RESTART)
 
     def verify(self, token: str) -> str:
         """Return the token's ``sub`` if it is valid now, else raise :class:`InvalidToken`."""
@@ -107,6 +121,7 @@ class TokenVerifier:
                 algorithms=self._algorithms,
                 issuer=self._issuer,
                 audience=self._audience,
+                leeway=self._leeway_s,
             )
         except jwt.ExpiredSignatureError:
             raise InvalidToken("token expired") from None
@@ -146,7 +161,12 @@ class TokenVerifier:
 def load_verifier(settings: Settings) -> TokenVerifier:
     """Load the keys (JWK set or ``JWT_PUBLIC_KEY``); a missing or wrong key is a SettingError."""
     if settings.jwt_jwks_url:
-        jwks = JwksKeys(settings.jwt_jwks_url, settings.jwt_algorithm, settings.jwks_refresh_s)
+        jwks = JwksKeys(
+            settings.jwt_jwks_url,
+            settings.jwt_algorithm,
+            settings.jwks_refresh_s,
+            max_age_s=settings.jwks_stale_after_s(),
+        )
         try:
             jwks.fetch()
         except (OSError, ValueError, jwt.PyJWTError) as exc:
@@ -156,7 +176,12 @@ def load_verifier(settings: Settings) -> TokenVerifier:
                 f"cannot load a JWK set from it ({exc})",
             ) from None
         return TokenVerifier(
-            None, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience, jwks
+            None,
+            settings.jwt_algorithm,
+            settings.jwt_issuer,
+            settings.jwt_audience,
+            jwks,
+            leeway_s=settings.jwt_leeway_s,
         )
     path = Path(settings.jwt_public_key)
     try:
@@ -179,7 +204,12 @@ def load_verifier(settings: Settings) -> TokenVerifier:
             f"the key does not suit JWT_ALGORITHM={settings.jwt_algorithm}",
         )
     return TokenVerifier(
-        key, settings.jwt_algorithm, settings.jwt_issuer, settings.jwt_audience, kid=_key_id(key)
+        key,
+        settings.jwt_algorithm,
+        settings.jwt_issuer,
+        settings.jwt_audience,
+        kid=_key_id(key),
+        leeway_s=settings.jwt_leeway_s,
     )
 
 
@@ -194,8 +224,17 @@ class JwksKeys:
     """The auth service's JWK set (one or several replicas'), by ``kid``, refreshed off the loop.
 
     :meth:`key_for` never does I/O: it reads the last fetched keys. A token whose
-    ``kid`` is unknown is refused and schedules an early refresh (at most one per
-    ``min_refresh_s``), so a key rotated in between refreshes is picked up soon.
+    ``kid`` is unknown is refused and wakes an early refresh (at most one per
+    ``min_refresh_s``, counted from the last attempt), so a key rotated in between
+    refreshes is picked up soon. No answer stops the refresh: whatever a fetch
+    raises (an unreachable replica, ``[]``, a truncated body) is logged, the keys
+    held are kept, and the fetch is tried again after a backoff from
+    ``min_retry_s`` doubling up to ``refresh_s``.
+
+    The set's age (since the last fetch that installed keys) is :meth:`age_s`. Past
+    ``max_age_s`` the set is *stale*: the keys held are still accepted (availability;
+    docs/protocol.md, "JWK set age", says why), once-per-episode warnings say so,
+    ``/healthz`` and the metrics show it.
     """
 
     def __init__(
@@ -204,14 +243,24 @@ class JwksKeys:
         algorithm: str,
         refresh_s: float,
         min_refresh_s: float = 5.0,
+        *,
+        max_age_s: float = float("inf"),
+        min_retry_s: float = 0.5,
     ) -> None:
         self.urls = urls
         self.algorithm = algorithm
         self.refresh_s = refresh_s
         self.min_refresh_s = min_refresh_s
+        self.max_age_s = max_age_s
+        self.min_retry_s = min_retry_s
         self._keys: Mapping[str, object] = {}
         self._last_fetch = 0.0
+        self._last_attempt = 0.0
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: refreshes that failed since the last that succeeded
+        self.failures_in_a_row = 0
+        self._stale_said = False
 
     def fetch(self, timeout_s: float = 5.0) -> None:
         """Fetch every set and install the keys of those that answered (blocking: call it from
@@ -221,8 +270,8 @@ class JwksKeys:
         for url in self.urls:
             try:
                 keys.update(self._fetch_one(url, timeout_s))
-            except (OSError, ValueError, jwt.PyJWTError) as exc:
-                failures.append(f"{url}: {exc}")
+            except Exception as exc:  # whatever a replica answers, the others still count
+                failures.append(f"{url}: {type(exc).__name__}: {exc}")
         if failures and len(failures) < len(self.urls):
             log.warning("JWK set refresh: keys taken from the others; %s", "; ".join(failures))
         if not keys:
@@ -235,6 +284,8 @@ class JwksKeys:
     def _fetch_one(self, url: str, timeout_s: float) -> dict[str, object]:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             document = json.loads(response.read())
+        if not isinstance(document, dict):
+            raise ValueError(f"not a JWK set: a JSON {type(document).__name__}")
         keys: dict[str, object] = {}
         for jwk in jwt.PyJWKSet.from_dict(document):
             if jwk.key_id is None:
@@ -251,6 +302,20 @@ class JwksKeys:
         """The key ids currently trusted."""
         return list(self._keys)
 
+    def age_s(self) -> float:
+        """Seconds since the last refresh that installed keys."""
+        return time.monotonic() - self._last_fetch
+
+    def health(self) -> str:
+        """The set's age for ``/healthz``: ``jwks age 12 s``, ``stale`` past ``max_age_s``."""
+        age_s = self.age_s()
+        if age_s <= self.max_age_s:
+            return f"jwks age {age_s:.0f} s"
+        return (
+            f"jwks stale: age {age_s:.0f} s > JWKS_MAX_AGE_S {self.max_age_s:g} s, "
+            f"{self.failures_in_a_row} refreshes failed; accepting the keys held"
+        )
+
     def key_for(self, token: str) -> object:
         """The key named by the token's ``kid``; raise :class:`InvalidToken` when unknown."""
         try:
@@ -259,25 +324,63 @@ class JwksKeys:
             raise InvalidToken(f"invalid token: {exc}") from None
         key = self._keys.get(kid) if isinstance(kid, str) else None
         if key is None:
-            if self._wake is not None and time.monotonic() - self._last_fetch > self.min_refresh_s:
-                self._wake.set()
+            self._wake_early()
             raise InvalidToken("token key id (kid) is not in the auth service's key set")
         return key
 
+    def _wake_early(self) -> None:
+        """Refresh now unless an attempt was made in the last ``min_refresh_s`` (any thread)."""
+        if self._wake is None or self._loop is None:
+            return
+        if time.monotonic() - self._last_attempt <= self.min_refresh_s:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed
+            self._loop.call_soon_threadsafe(self._wake.set)
+
     async def refresh_forever(self) -> None:
-        """Refresh every ``refresh_s`` (sooner when an unknown kid was seen) until cancelled."""
-        loop = asyncio.get_running_loop()
+        """Refresh every ``refresh_s`` (sooner when an unknown kid was seen, or after a
+        failure with backoff) until cancelled; never ends on a failed fetch."""
+        loop = self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        wait_s = self.refresh_s
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+                await asyncio.wait_for(self._wake.wait(), wait_s)
             self._wake.clear()
+            self._last_attempt = time.monotonic()
             try:
                 await loop.run_in_executor(None, self.fetch)
-            except (OSError, ValueError, jwt.PyJWTError) as exc:
+            except Exception as exc:
+                self.failures_in_a_row += 1
+                wait_s = min(self.refresh_s, self.min_retry_s * 2 ** (self.failures_in_a_row - 1))
                 log.warning(
-                    "JWK set refresh from %s failed, keeping %s: %s",
+                    "JWK set refresh from %s failed (%d in a row), keeping %s, next try in "
+                    "%.1f s: %s",
                     ",".join(self.urls),
+                    self.failures_in_a_row,
                     self.kids,
+                    wait_s,
                     exc,
                 )
+                self._say_if_stale()
+                continue
+            if self.failures_in_a_row or self._stale_said:
+                log.warning(
+                    "JWK set refreshed again after %d failures: %s",
+                    self.failures_in_a_row,
+                    self.kids,
+                )
+            self.failures_in_a_row = 0
+            self._stale_said = False
+            wait_s = self.refresh_s
+
+    def _say_if_stale(self) -> None:
+        if not self._stale_said and self.age_s() > self.max_age_s:
+            self._stale_said = True
+            log.error(
+                "JWK set stale: not refreshed for %.0f s (JWKS_MAX_AGE_S %g); still accepting "
+                "the keys held, %s: a key revoked meanwhile is still trusted",
+                self.age_s(),
+                self.max_age_s,
+                self.kids,
+            )

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import psutil
 from prometheus_client import (
@@ -56,6 +56,10 @@ from chat_server.tail import (
     LoopLagTicker,
     PlainHistogram,
 )
+from chatlab.supervision import RESTART, supervisor
+
+if TYPE_CHECKING:
+    from chat_server.auth import JwksKeys
 
 log = logging.getLogger("chat_server.metrics")
 
@@ -122,6 +126,20 @@ WAL_RESTART_HOLD = (
     "chat_wal_restart_hold_seconds",
     "how long the SQLite history store's checkpointer held the commits to restart the WAL",
 )
+# the process's background work and keys (chatlab.supervision, chat_server.auth)
+TASK_FAILURES = (
+    "chat_task_failures",
+    "background tasks and threads that ended by an exception, by task (each is restarted,"
+    " or stops the process, or was one request's work: chatlab.supervision)",
+)
+JWKS_AGE = (
+    "chat_jwks_age_seconds",
+    "seconds since the JWK set was last refreshed (JWT_JWKS_URL set; else absent)",
+)
+JWKS_MAX_AGE = (
+    "chat_jwks_max_age_seconds",
+    "JWKS_MAX_AGE_S: age past which the JWK set is stale (its keys are still accepted)",
+)
 # prometheus_client's ProcessCollector families (one process); workers publish the same
 PROCESS_CPU = ("process_cpu_seconds", "Total user and system CPU time spent in seconds.")
 PROCESS_GAUGES = (
@@ -177,9 +195,15 @@ class Counters:
 class ChatCollector:
     """Builds the metric families from the server's state at scrape time."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], counters: Counters) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        counters: Counters,
+        jwks: JwksKeys | None = None,
+    ) -> None:
         self._snapshot = snapshot
         self._counters = counters
+        self._jwks = jwks
 
     def collect(self) -> Iterator[Metric]:
         """Yield every family (called by the registry on each scrape)."""
@@ -223,6 +247,14 @@ class ChatCollector:
         yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
         if store.get("primaries_short_of_replicas") is not None:
             yield GaugeMetricFamily(*SHORT_OF_REPLICAS, value=store["primaries_short_of_replicas"])
+        if supervisor().failures:  # from the first failure on, as the workers' files show it
+            failures = CounterMetricFamily(*TASK_FAILURES, labels=["task"])
+            for task, count in sorted(supervisor().failures.items()):
+                failures.add_metric([task], count)
+            yield failures
+        if self._jwks is not None:
+            yield GaugeMetricFamily(*JWKS_AGE, value=self._jwks.age_s())
+            yield GaugeMetricFamily(*JWKS_MAX_AGE, value=self._jwks.max_age_s)
         if store.get("wal_file_bytes") is not None:
             yield GaugeMetricFamily(*WAL_FILE_BYTES, value=store["wal_file_bytes"])
             yield CounterMetricFamily(*WAL_RESTARTS, value=store["wal_restarts"])
@@ -324,9 +356,22 @@ class MetricsPublisher:
         counters: Counters,
         batch_max: int,
         interval_s: float = PUBLISH_INTERVAL_S,
+        jwks: JwksKeys | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._counters = counters
+        self._jwks = jwks
+        self._task_failures = Counter(*TASK_FAILURES, ["task"], registry=None)
+        # every worker refreshes its own set: the oldest is the one to alert on (created
+        # only with a set: a gauge's file holds a sample from its creation)
+        self._jwks_gauges = (
+            None
+            if jwks is None
+            else (
+                Gauge(*JWKS_AGE, registry=None, multiprocess_mode="livemax"),
+                Gauge(*JWKS_MAX_AGE, registry=None, multiprocess_mode="livemax"),
+            )
+        )
         self._interval_s = interval_s
         # registry=None: the files are the output, nothing here is scraped
         self._connections = Gauge(*CONNECTIONS, registry=None, multiprocess_mode="livesum")
@@ -375,7 +420,9 @@ class MetricsPublisher:
     async def start(self) -> None:
         """Publish now, then every ``interval_s`` in the background."""
         self._publish_logged()
-        self._task = asyncio.create_task(self._publish_every_interval())
+        self._task = supervisor().start(
+            "chat-metrics-publisher", self._publish_every_interval, RESTART
+        )
 
     async def close(self) -> None:
         """Stop the background copies and publish the final counts."""
@@ -432,6 +479,11 @@ class MetricsPublisher:
             )
             self._gc_pause_max.labels(str(generation)).set(plain.max)
         self._loop_lag_max.set(counters.loop_lag.lag.max)
+        for task, count in supervisor().failures.items():
+            self._grow(self._task_failures.labels(task), f"task {task}", count)
+        if self._jwks is not None and self._jwks_gauges is not None:
+            self._jwks_gauges[0].set(self._jwks.age_s())
+            self._jwks_gauges[1].set(self._jwks.max_age_s)
         self._publish_process()
 
     def _publish_process(self) -> None:
@@ -508,8 +560,9 @@ class WorkersMetricsServer:
     def start(self) -> None:
         """Listen and serve in a daemon thread; OSError if the port cannot be bound."""
         self._http = _MetricsHTTPServer(self.host, self.port, self.registry)
-        self._thread = threading.Thread(
-            target=self._http.serve_forever, name="metrics-http", daemon=True
+        # restarted if it raises: a scrape endpoint that died would read as a dead service
+        self._thread = supervisor().thread(
+            self._http.serve_forever, "metrics-http", RESTART, daemon=True
         )
         self._thread.start()
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Final
 
 from chat_server.settings import SettingError, Settings
+from chatlab.supervision import RESTART, supervisor
 
 log = logging.getLogger("chat_server.profiling")
 
@@ -217,7 +218,7 @@ class ServerProfiler:
         """Profile the loop thread from now on and take snapshots (on the running loop)."""
         self._profiler = cProfile.Profile()
         self._profiler.enable()
-        self._task = asyncio.create_task(self._run(), name="chat-profile-snapshots")
+        self._task = supervisor().start("chat-profile-snapshots", self._run, RESTART)
         log.warning(
             "PROFILE=cprofile is ON: every call is traced, so the server is slower; "
             "snapshots every %g s and on SIGUSR1 to %s/<n>.prof",

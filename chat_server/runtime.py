@@ -18,6 +18,7 @@ from collections.abc import Callable
 import psutil
 
 from chat_server.limits import open_files_wanted
+from chatlab.supervision import RESTART, supervisor
 
 log = logging.getLogger("chat_server")
 
@@ -73,4 +74,4 @@ def watch_parent(parent_pid: int, callback: Callable[[], None]) -> asyncio.Task[
         log.warning("supervisor %d is gone; stopping this worker", parent_pid)
         callback()
 
-    return asyncio.create_task(watch(), name="chat-watch-supervisor")
+    return supervisor().start("chat-watch-supervisor", watch, RESTART)

@@ -9,8 +9,12 @@ after the history store closed, which comes after the connections closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import sys
+import threading
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 from chat_server.auth import TokenVerifier
@@ -28,8 +32,18 @@ from chat_server.tail import start_tail
 from chat_server.transport import transport_for
 from chat_server.transport.base import CLOSE_GOING_AWAY, ServerTransport
 from chat_server.wiring import build_service
+from chatlab.supervision import supervisor
 
 log = logging.getLogger("chat_server")
+
+#: seconds past DRAIN_GRACE_S + CLOSE_TIMEOUT_S that a stop after a failed task may take
+FAILED_STOP_GRACE_S = 10.0
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[int], None], arg: int) -> None:
+    """``callback(arg)`` on ``loop`` from any thread (nothing once the loop is closed)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, arg)
 
 
 class StartFailed(Exception):
@@ -67,19 +81,40 @@ class Server:
         self.limit = limit
         self.regression = Regression.of(settings)
         self.stop = asyncio.Event()
+        #: 0, or the status a failed Stop-policy task asked for (chatlab.supervision)
+        self.exit_status = 0
 
     async def run(self) -> int:
         """Start, serve until stopped, shut down; the exit status."""
-        async with AsyncExitStack() as stack:
-            try:
-                transport, service = await self.startup(stack)
-            except StartFailed as exc:
-                print(f"chat_server: {exc}", file=sys.stderr)
-                return exc.status
-            await self.main_loop()
-            await self.shutdown(transport, service)
-        log.info("chat_server stopped")
-        return 0
+        loop = asyncio.get_running_loop()
+        supervisor().on_fatal(lambda status: _call_soon(loop, self._stop_failed, status))
+        try:
+            async with AsyncExitStack() as stack:
+                try:
+                    transport, service = await self.startup(stack)
+                except StartFailed as exc:
+                    print(f"chat_server: {exc}", file=sys.stderr)
+                    return exc.status
+                await self.main_loop()
+                await self.shutdown(transport, service)
+        finally:
+            supervisor().on_fatal(None)
+        if self.exit_status:
+            log.error("chat_server stopped: a task it cannot run without failed (see above)")
+        else:
+            log.info("chat_server stopped")
+        return self.exit_status
+
+    def _stop_failed(self, status: int) -> None:
+        """Stop as on SIGTERM because work the process needs failed, and exit ``status``;
+        a stop that hangs (the failed work held what it waits for) ends by exiting
+        ``status`` at once :data:`FAILED_STOP_GRACE_S` past the drain's own bounds."""
+        self.exit_status = status
+        self.stop.set()
+        bound_s = self.settings.drain_grace_s + self.settings.close_timeout_s + FAILED_STOP_GRACE_S
+        timer = threading.Timer(bound_s, os._exit, args=(status,))
+        timer.daemon = True
+        timer.start()
 
     async def startup(self, stack: AsyncExitStack) -> tuple[ServerTransport, ChatService]:
         """Open the service and listen; each step's undo goes on ``stack``.
@@ -142,11 +177,14 @@ class Server:
             metrics = MetricsServer(
                 settings.host,
                 settings.metrics_port,
-                ChatCollector(transport.metrics_snapshot, service.counters),
+                ChatCollector(transport.metrics_snapshot, service.counters, self.verifier.jwks),
             )
         elif settings.metrics_port:  # the supervisor serves the port, with what workers publish
             metrics = MetricsPublisher(
-                transport.metrics_snapshot, service.counters, settings.store_batch_max
+                transport.metrics_snapshot,
+                service.counters,
+                settings.store_batch_max,
+                jwks=self.verifier.jwks,
             )
         try:
             if metrics is not None:

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from chat_server.errors import (
 from chat_server.messages import History, HistoryRequest, Join, Leave, Message, Send
 from chat_server.metrics import Counters
 from chat_server.store.base import BatchResult, HistoryStore, StoreStats
+from chatlab.supervision import supervisor
 
 log = logging.getLogger("chat_server")
 
@@ -256,13 +257,15 @@ class ChatService:
         if self.delivery.join_ready(session, message):
             self._join_now(session, message)
         else:
-            self.spawn(self._join_when_ready(session, message))
+            self.spawn(self._join_when_ready(session, message), "chat-join")
 
     def _join_now(self, session: Session, message: Join) -> None:
         """Join a ready room; replay from ``since`` when asked."""
         if self.core.join(session, message):
             self._cancel_replay(session, message.room)
-            task = self.spawn(self._replay(session, message.room, message.since or 0))
+            task = self.spawn(
+                self._replay(session, message.room, message.since or 0), "chat-replay"
+            )
             self._replays[(session, message.room)] = task
 
     async def _join_when_ready(self, session: Session, message: Join) -> None:
@@ -292,7 +295,9 @@ class ChatService:
 
     def _history(self, session: Session, message: HistoryRequest) -> None:
         limit = self.core.check_history(message)
-        self.spawn(self._answer_history(session, message.room, message.before, limit))
+        self.spawn(
+            self._answer_history(session, message.room, message.before, limit), "chat-history"
+        )
 
     # ---- what the store reports ------------------------------------------------------
 
@@ -414,9 +419,10 @@ class ChatService:
             frame = encode(History(room=room, messages=page))
         return frame
 
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        """Run ``coro`` as a task the service owns: cancelled at :meth:`close`."""
-        task = asyncio.ensure_future(coro)
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task the service owns: cancelled at :meth:`close`; one that
+        raises is logged and counted by the process's supervisor (REPORT: a request's work)."""
+        task = supervisor().spawn(coro, name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

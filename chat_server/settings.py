@@ -82,6 +82,16 @@ def _jwt_algorithm(raw: str) -> str:
 _WORKER_SEAT = re.compile(r"^\d+(:\d+){4}$")
 
 
+def _max_age(raw: str) -> float | None:
+    """``auto`` (None) or a number of seconds, at least 1."""
+    if raw.strip() == "auto":
+        return None
+    try:
+        return number(1)(raw)
+    except ValueError:
+        raise ValueError("allowed: auto (3 x JWKS_REFRESH_S) or a number >= 1") from None
+
+
 def _jwks_urls(raw: str) -> tuple[str, ...]:
     """Empty (keys from JWT_PUBLIC_KEY) or one or more JWK set URLs, comma-separated."""
     return http_urls(raw) if raw.strip() else ()
@@ -338,6 +348,22 @@ SPECS: tuple[Spec, ...] = (
         "seconds between background refreshes of the JWK set",
     ),
     Spec(
+        "JWKS_MAX_AGE_S",
+        "jwks_max_age_s",
+        "auto",
+        _max_age,
+        "age (since the last refresh that worked) past which the JWK set is stale: its keys "
+        "are still accepted, /healthz and chat_jwks_age_seconds say so, the alert fires "
+        "(auto: 3 x JWKS_REFRESH_S; a number: at least 2 x JWKS_REFRESH_S)",
+    ),
+    Spec(
+        "JWT_LEEWAY_S",
+        "jwt_leeway_s",
+        "5",
+        number(0, 300),
+        "seconds the auth host's clock may be off from this one's: allowed on exp, nbf, iat",
+    ),
+    Spec(
         "PROFILE",
         "profile",
         "off",
@@ -566,6 +592,9 @@ class Settings(SpecSettings):
     jwt_audience: str
     jwt_jwks_url: tuple[str, ...]
     jwks_refresh_s: float
+    #: None: auto (see :meth:`jwks_stale_after_s`)
+    jwks_max_age_s: float | None
+    jwt_leeway_s: float
     profile: str
     profile_interval_s: float
     profile_dir: str
@@ -596,7 +625,18 @@ class Settings(SpecSettings):
     log_level: str
     worker_seat: str
 
+    def jwks_stale_after_s(self) -> float:
+        """``JWKS_MAX_AGE_S``, or 3 x ``JWKS_REFRESH_S`` when it is ``auto``."""
+        return 3 * self.jwks_refresh_s if self.jwks_max_age_s is None else self.jwks_max_age_s
+
     def _check_combinations(self) -> None:
+        if self.jwks_max_age_s is not None and self.jwks_max_age_s < 2 * self.jwks_refresh_s:
+            raise SettingError(
+                "JWKS_MAX_AGE_S",
+                f"{self.jwks_max_age_s:g}",
+                f"at least 2 x JWKS_REFRESH_S = {2 * self.jwks_refresh_s:g} (one missed refresh "
+                "is no alarm)",
+            )
         if self.transport == "picows" and self.regression == "deflate_max_window":
             raise SettingError(
                 "REGRESSION",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import os
 import socket
 import struct
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -96,14 +97,23 @@ def chromium_dom(page: Path, profile: Path, width: int = 1280) -> str:
 
 
 async def wait_until(
-    condition: Callable[[], Any], timeout_s: float = 30, what: str = "", interval_s: float = 0.05
+    condition: Callable[[], Any | Awaitable[Any]],
+    timeout_s: float = 30,
+    what: str = "",
+    interval_s: float = 0.05,
 ) -> None:
-    """Return once ``condition()`` holds, polling; AssertionError after ``timeout_s`` (a guard
-    against hanging, not a timing assertion: give it room)."""
+    """Return once ``condition()`` (a function or a coroutine function) is true, polling;
+    AssertionError naming ``what`` after ``timeout_s`` (a guard against hanging, not a
+    timing assertion: give it room)."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while True:
+        outcome = condition()
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        if outcome:
+            return
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what or condition}")
+            raise AssertionError(f"not within {timeout_s:g} s: {what or condition}")
         await asyncio.sleep(interval_s)
 
 

@@ -61,6 +61,7 @@ LAB_AUTH = {
     "LOGIN_RATE_PER_CLIENT_PER_MIN": "0",
     "REGISTER_RATE_PER_CLIENT_PER_MIN": "0",
     "LOGIN_RATE_PER_USER_PER_MIN": "0",
+    "LOGIN_RATE_PER_USER_CLIENT_PER_MIN": "0",
     "LOG_LEVEL": "warning",
 }
 #: chat server settings every lab run shares: the per-connection rate limit is raised

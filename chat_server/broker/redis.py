@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any, Final
 
 from redis.exceptions import RedisError
@@ -64,6 +64,7 @@ from chat_server.redis_rooms import (
     read_range,
     run_scripts,
 )
+from chatlab.supervision import RESTART, supervisor
 
 log = logging.getLogger("chat_server.broker")
 
@@ -146,8 +147,9 @@ class RedisBroker(Broker):
         except (RedisError, OSError) as exc:
             raise BrokerUnavailable(f"cannot reach Redis: {exc}") from exc
         await self._subscriptions.start()
-        self._spawn(self._keep_lease(), "chat-broker-lease")
-        self._spawn(self._write_presence(), "chat-broker-presence")
+        # each keeps a Redis state alive for as long as this process runs: restarted if it fails
+        self._keep("chat-broker-lease", self._keep_lease)
+        self._keep("chat-broker-presence", self._write_presence)
 
     async def close(self) -> None:
         """Stop listening, give up every lease (members leave at once), disconnect."""
@@ -174,16 +176,18 @@ class RedisBroker(Broker):
             log.warning("broker: could not release this process' presence: %s", exc)
         await self._subscriptions.close()
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str, room: str) -> asyncio.Task[Any]:
+        """One room's work (REPORT: a failure is logged and counted by the supervisor)."""
+        return self._own(supervisor().spawn(coro, name, room))
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("broker: task %s failed", task.get_name(), exc_info=task.exception())
+    def _keep(self, name: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Long-lived work, restarted with backoff by the supervisor when it raises."""
+        self._own(supervisor().start(name, work, RESTART))
+
+    def _own(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # ---- rooms, for the service and the core ----------------------------------------------
 
@@ -200,7 +204,7 @@ class RedisBroker(Broker):
             reports = self._listening()
             feed = RoomFeed(room, reports.delivered, reports.jumped, reports.announce)
             entry = self._rooms[room] = _Room(feed, loop.create_future())
-            self._spawn(self._open(entry), f"chat-broker-open-{room}")
+            self._spawn(self._open(entry), "chat-broker-open", room)
         entry.waiters += 1
         try:
             await asyncio.wait_for(asyncio.shield(entry.ready), PREPARE_TIMEOUT_S)
@@ -320,7 +324,7 @@ class RedisBroker(Broker):
             entry.stale = True
         elif entry.feed.synced:
             entry.snapshotting = True
-            self._spawn(self._resnapshot(entry), f"chat-broker-snapshot-{room}")
+            self._spawn(self._resnapshot(entry), "chat-broker-snapshot", room)
 
     def _reconnected(self) -> None:
         """A subscription connection came back: its node may have lost presence writes."""
@@ -333,10 +337,10 @@ class RedisBroker(Broker):
         live = self._subscriptions.is_live(feed.room)
         if feed.gap is not None and not entry.filling and live:
             entry.filling = True
-            self._spawn(self._fill(entry), f"chat-broker-fill-{feed.room}")
+            self._spawn(self._fill(entry), "chat-broker-fill", feed.room)
         if feed.needs_snapshot and not entry.snapshotting and live:
             entry.snapshotting = True
-            self._spawn(self._resnapshot(entry), f"chat-broker-snapshot-{feed.room}")
+            self._spawn(self._resnapshot(entry), "chat-broker-snapshot", feed.room)
 
     async def _resnapshot(self, entry: _Room) -> None:
         delay = BACKOFF_MIN_S

@@ -51,6 +51,7 @@ from chat_server.redis_rooms import (
     raise_if_cancelled,
     room_channel,
 )
+from chatlab.supervision import RESTART, supervisor
 
 log = logging.getLogger("chat_server.broker")
 
@@ -164,7 +165,7 @@ class ShardedSubscriptions:
     def check(self) -> None:
         """Read the slots again in the background and move rooms whose slot moved."""
         if self._checker is None or self._checker.done():
-            self._checker = asyncio.create_task(self._reconcile(), name="chat-broker-slots")
+            self._checker = supervisor().spawn(self._reconcile(), "chat-broker-slots")
 
     def stats(self) -> dict[str, Any]:
         """Counters for /stats."""
@@ -199,7 +200,7 @@ class ShardedSubscriptions:
         link = self._links.get(node)
         if link is None:
             link = self._links[node] = _Link(node)
-            link.task = asyncio.create_task(self._hold(link), name=f"chat-broker-pubsub-{node}")
+            link.task = supervisor().start("chat-broker-pubsub", lambda: self._hold(link), RESTART)
         link.rooms.add(room)
         if link.up and link.pubsub is not None:
             self._send_subscribe(link.pubsub, sub)
@@ -255,7 +256,7 @@ class ShardedSubscriptions:
             except (RedisError, OSError) as exc:
                 log.info("broker: %s failed (%s); the reconnect redoes it", what, exc)
 
-        task = asyncio.get_running_loop().create_task(send())
+        task = supervisor().spawn(send(), "chat-broker-subscribe")
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
 

@@ -105,6 +105,7 @@ from chat_server.redis_rooms import (
 )
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
 from chat_server.tail import COMMIT_BUCKETS_S, PlainHistogram
+from chatlab.supervision import RESTART, STOP, supervisor
 
 __all__ = ["COMMIT_SCRIPT", "RedisHistoryStore"]
 
@@ -386,7 +387,8 @@ class RedisHistoryStore(LedgerStore):
         except (RedisError, OSError, BrokerUnavailable) as exc:
             self._closed = True
             raise StoreUnavailable(f"cannot reach Redis: {exc}") from exc
-        self._writer = asyncio.create_task(self._write_batches(), name="chat-history-writer")
+        # no ack can come without the writer: the process stops if it ends
+        self._writer = supervisor().start("chat-history-writer", self._write_batches, STOP)
         self._accepting = True
 
     async def close(self) -> None:
@@ -635,7 +637,7 @@ class RedisHistoryStore(LedgerStore):
             log.warning("history store: Redis unreachable (%s); refusing sends meanwhile", exc)
             self._reachable = False
         if self._probe is None or self._probe.done():
-            self._probe = asyncio.create_task(self._reconnect(), name="chat-history-probe")
+            self._probe = supervisor().start("chat-history-probe", self._reconnect, RESTART)
 
     async def _reconnect(self) -> None:
         """PING with backoff until Redis answers, then accept submits again."""

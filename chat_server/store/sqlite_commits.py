@@ -36,6 +36,7 @@ from typing import Any, Final, Protocol
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
+from chatlab.supervision import STOP, supervisor
 
 __all__ = [
     "CommitHold",
@@ -266,9 +267,8 @@ class ThreadCommits:
         """Start the writer thread and wait until it opened the write connection."""
         self._loop = loop
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._run, args=(ready,), name="chat-history-writer", daemon=False
-        )
+        # no ack can come without the writer: the process stops if it fails
+        self._thread = supervisor().thread(self._run, "chat-history-writer", STOP, args=(ready,))
         self._thread.start()
         await asyncio.wrap_future(ready)
 
@@ -315,6 +315,7 @@ class ThreadCommits:
                 conn.close()
         except Exception:
             logger.exception("history store: writer thread failed")
+            raise  # to the supervisor, which stops the process (STOP)
         finally:
             hook.thread_stopped()
             self._stopped.set_result(None)

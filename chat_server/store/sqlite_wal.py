@@ -47,6 +47,7 @@ from typing import Any, Final
 from chat_server.store.sqlite_commits import CommitHold
 from chat_server.store.sqlite_schema import SCHEMA_VERSION
 from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
+from chatlab.supervision import RESTART, supervisor
 
 __all__ = [
     "CATCH_UP_AFTER_S",
@@ -155,9 +156,8 @@ class Checkpointer:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the thread, and the loop's watch over a starved checkpoint."""
         self._loop = loop
-        self._thread = threading.Thread(
-            target=self._run, name="chat-history-checkpointer", daemon=False
-        )
+        # a checkpointer that failed starts again (the WAL only grows without one)
+        self._thread = supervisor().thread(self._run, "chat-history-checkpointer", RESTART)
         self._thread.start()
         self._watch_timer = loop.call_later(CHECKPOINT_POLL_S, self._watch)
 

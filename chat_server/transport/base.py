@@ -358,7 +358,8 @@ class Admission:
             unready = self.unready()
             if unready is not None:
                 return Reply(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {unready}\n")
-            return Reply(HTTPStatus.OK, "ok\n")
+            keys = self.verifier.health()  # the JWK set's age; stale keys still serve
+            return Reply(HTTPStatus.OK, f"ok; {keys}\n" if keys else "ok\n")
         if url.path == "/stats" and self.settings.expose_internals:
             body = json.dumps(self.stats_snapshot()) + "\n"
             return Reply(HTTPStatus.OK, body, "application/json")

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from threading import Barrier
+from threading import Barrier, Event
 
 from chatlab.harness import AuthProcess, HttpReply
 
 PASSWORD = "correct horse"
+#: the owner's address in the attack below (the attacker's is 127.0.0.2)
+OWNER = "127.0.0.1"
 
 
 def _assert_retry_later(reply: HttpReply, status: int, code: str) -> int:
@@ -55,6 +61,7 @@ def test_saturated_hashing_answers_503_with_retry_after(start_auth: Callable[...
         argon2_time_cost=2,
         argon2_memory_cost_kib=65536,
         login_rate_per_user_per_min=0,
+        login_rate_per_user_client_per_min=0,
     )
     assert auth.register("busy_user", PASSWORD).status == 201
     start = Barrier(8)
@@ -73,3 +80,50 @@ def test_saturated_hashing_answers_503_with_retry_after(start_auth: Callable[...
             _assert_retry_later(reply, 503, "unavailable")
     # once the burst is over, the service answers again
     assert auth.login("busy_user", PASSWORD).status == 200
+
+
+def _login_from(auth: AuthProcess, address: str, username: str, password: str) -> int:
+    """POST /login from the local ``address`` (127.0.0.0/8: one client address each)."""
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", auth.port, timeout=30, source_address=(address, 0)
+    )
+    try:
+        body = json.dumps({"username": username, "password": password})
+        conn.request("POST", "/login", body, {"Content-Type": "application/json"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_an_attacker_guessing_cannot_lock_the_owner_out(start_auth: Callable[..., AuthProcess]):
+    # the default limits: 5 failed logins at once, then 10 a minute, per username and per
+    # (username, address)
+    auth = start_auth()
+    assert auth.register("owner_alice", PASSWORD).status == 201
+    assert _login_from(auth, OWNER, "owner_alice", PASSWORD) == 200  # her usual address
+    attacker: Counter[int] = Counter()
+    stop = Event()
+
+    def guess() -> None:  # a wrong password every 0.1 s from another address
+        guesses = 0
+        while not stop.is_set():
+            attacker[_login_from(auth, "127.0.0.2", "owner_alice", f"guess {guesses}!")] += 1
+            guesses += 1
+            stop.wait(0.1)
+
+    with ThreadPoolExecutor(1) as pool:
+        guessing = pool.submit(guess)
+        owner = []
+        for _ in range(10):  # the owner logs in every second meanwhile: every login works
+            owner.append(_login_from(auth, OWNER, "owner_alice", PASSWORD))
+            time.sleep(1)
+        # an address the name never logged in from meets the per-username ceiling
+        elsewhere = _login_from(auth, "127.0.0.3", "owner_alice", PASSWORD)
+        stop.set()
+        guessing.result()
+    assert owner == [200] * 10
+    assert elsewhere == 429
+    # the attacker was slowed: its burst and what refilled in ~12 s were hashed, no more
+    assert 5 <= attacker[401] <= 8, attacker
+    assert attacker[429] >= 20, attacker
+    assert set(attacker) == {401, 429}, attacker

@@ -93,7 +93,9 @@ def test_the_pool_holds_at_most_auth_db_pool_max_connections(
         auth_db_url=auth_db_url,
         auth_db_pool_max=2,
         hash_pool_size=2,
-        login_rate_per_user_per_min=0,  # the burst of 16 logins is not what is under test
+        # the burst of 16 logins is not what is under test
+        login_rate_per_user_per_min=0,
+        login_rate_per_user_client_per_min=0,
     )
     assert auth.register("pooled", PASSWORD).status == 201
     seen: list[int] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from auth_service.ratelimit import TokenBuckets
+from auth_service.ratelimit import KnownAddresses, TokenBuckets
 
 
 def test_a_burst_passes_then_the_wait_is_until_the_next_token():
@@ -49,3 +49,20 @@ def test_keys_are_bounded_and_the_least_recent_is_forgotten():
     assert len(buckets) == 2
     assert buckets.take("old", 2.0) > 0  # still remembered, still empty
     assert buckets.take("recent", 2.0) == 0  # forgotten: a full bucket again
+
+
+def test_known_addresses_are_the_recent_successes_of_each_username():
+    known = KnownAddresses(per_user=2, remember_s=100, max_users=2)
+    known.remember("alice", "10.0.0.1", 0.0)
+    assert known.knows("alice", "10.0.0.1", 100.0)
+    assert not known.knows("alice", "10.0.0.1", 100.5)  # forgotten after remember_s
+    assert not known.knows("alice", "10.0.0.2", 1.0)
+    assert not known.knows("bob", "10.0.0.1", 1.0)  # per username
+    known.remember("alice", "10.0.0.2", 1.0)
+    known.remember("alice", "10.0.0.3", 2.0)  # the third: the least recent goes
+    assert [known.knows("alice", f"10.0.0.{i}", 3.0) for i in (1, 2, 3)] == [False, True, True]
+    known.remember("bob", "10.0.0.9", 3.0)
+    known.remember("carol", "10.0.0.9", 4.0)  # a third username: alice goes
+    assert len(known) == 2
+    assert not known.knows("alice", "10.0.0.3", 5.0)
+    assert known.knows("bob", "10.0.0.9", 5.0)

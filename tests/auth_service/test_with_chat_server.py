@@ -172,6 +172,7 @@ async def test_rotation_old_and_new_tokens_open_chat_until_the_old_expire(
         event_loop="asyncio",
         jwt_jwks_url=auth.url("/.well-known/jwks.json"),
         jwks_refresh_s=1,
+        jwt_leeway_s=0,  # expiry to the second (one host: no clock skew to allow for)
     )
     assert auth.register("alice", PASSWORD).status == 201
     old_token = auth.token("alice", PASSWORD)

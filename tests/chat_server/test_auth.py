@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 
 import pytest
 
-from chat_server.auth import InvalidToken, TokenVerifier
+from chat_server.auth import InvalidToken, TokenVerifier, load_verifier
+from chat_server.settings import Settings
 from chatlab.keys import key_id
 from chatlab.log_redaction import RedactTokens, redact
 from tests.support import AUDIENCE, ISSUER, KeyPair
@@ -109,3 +111,38 @@ def test_redaction_filter_covers_args_and_exceptions(keys: KeyPair):
     text = stream.getvalue()
     assert "GET /ws?token=[redacted]" in text and "ValueError" in text
     assert token.split(".")[1] not in text
+
+
+# ---- clock skew: JWT_LEEWAY_S --------------------------------------------------------------
+
+
+def _verifier_from(keys: KeyPair, **settings: str) -> TokenVerifier:
+    """The verifier ``python -m chat_server`` builds from these settings (and the key file)."""
+    return load_verifier(
+        Settings.from_mapping({"JWT_PUBLIC_KEY": str(keys.public_path), **settings})
+    )
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"iat": 2},  # an auth host two seconds ahead: a fresh token
+        {"nbf": 2},
+        {"exp": -2},  # an auth host two seconds behind: a token just past its exp here
+    ],
+    ids=repr,
+)
+def test_clock_skew_within_the_leeway_is_taken(keys: KeyPair, claims: dict[str, int]):
+    now = int(time.time())
+    token = keys.mint("alice", **{name: now + offset for name, offset in claims.items()})
+    assert _verifier_from(keys).verify(token) == "alice"  # JWT_LEEWAY_S defaults to 5
+    with pytest.raises(InvalidToken):
+        _verifier_from(keys, JWT_LEEWAY_S="0").verify(token)
+
+
+@pytest.mark.parametrize("claims", [{"iat": 30}, {"nbf": 30}, {"exp": -30}], ids=repr)
+def test_clock_skew_past_the_leeway_is_refused(keys: KeyPair, claims: dict[str, int]):
+    now = int(time.time())
+    token = keys.mint("alice", **{name: now + offset for name, offset in claims.items()})
+    with pytest.raises(InvalidToken):
+        _verifier_from(keys).verify(token)

@@ -163,6 +163,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory, keys: KeyPair) -> Iterato
         LOGIN_RATE_PER_CLIENT_PER_MIN="0",
         REGISTER_RATE_PER_CLIENT_PER_MIN="0",
         LOGIN_RATE_PER_USER_PER_MIN="0",
+        LOGIN_RATE_PER_USER_CLIENT_PER_MIN="0",
         EVENT_LOOP="asyncio",
     )
     metrics_port = free_port()

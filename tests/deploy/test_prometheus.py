@@ -34,7 +34,7 @@ def test_promtool_accepts_the_config_and_the_rules():
     assert "SUCCESS" in rules.stdout
 
 
-def test_the_alerts_fire_on_a_burn_or_a_shortage_and_not_inside_the_budget():
+def test_the_alerts_fire_on_a_burn_a_shortage_or_a_stale_key_set_and_not_for_a_blip():
     tests = sorted((DEPLOY / "prometheus" / "tests").glob("*.yml"))
     assert tests
     result = _promtool("test", "rules", *map(str, tests))
@@ -52,6 +52,7 @@ def test_every_recording_rule_reads_back_from_a_real_prometheus(observed: Observ
     assert sorted(alerts) == [
         "ChatAckLatencyBudgetBurnFast",
         "ChatAckLatencyBudgetBurnSlow",
+        "ChatJwksStale",
         "ChatRedisPrimaryShortOfReplicas",
     ]
     missing = set(expected)
