@@ -49,7 +49,7 @@ class StoreStats:
     the last above every bound, and ``restart_hold_sum_s``) are the SQLite store's,
     None for a store without a WAL. ``primaries_short_of_replicas`` (Redis only, else
     None) counts the primaries whose last commit was confirmed on fewer replicas than
-    ``REDIS_ACK_REPLICAS`` asks: their rooms' sends wait, then get ``unavailable``.
+    ``REDIS_ACK_REPLICAS`` asks: their rooms' sends get ``unavailable`` until they have them.
     """
 
     batches_committed: int
