@@ -389,6 +389,7 @@ async def test_a_sigterm_drain_with_one_shard_frozen_answers_every_send_and_hold
         await client.join(room)
     sent_at: dict[str, float] = {}
     answers: dict[str, tuple[float, Ack | Error]] = {}
+    reads: list[History | Error] = []  # history pages, and errors without a ref
 
     async def read() -> None:
         with contextlib.suppress(ConnectionClosed):
@@ -396,6 +397,8 @@ async def test_a_sigterm_drain_with_one_shard_frozen_answers_every_send_and_hold
                 frame = await client.recv(timeout_s=120)
                 if isinstance(frame, Ack | Error) and frame.ref in sent_at:
                     answers.setdefault(frame.ref, (time.monotonic(), frame))
+                elif isinstance(frame, History) or (isinstance(frame, Error) and not frame.ref):
+                    reads.append(frame)
 
     async def say(room: str, ref: str) -> None:
         sent_at[ref] = time.monotonic()
@@ -421,6 +424,14 @@ async def test_a_sigterm_drain_with_one_shard_frozen_answers_every_send_and_hold
             assert isinstance(frame, Ack), frame
             assert answered_at - sent_at[ref] <= HEALTHY_ACK_S, (ref, answered_at - sent_at[ref])
         assert "frozen" not in answers
+        # reads: the frozen shard's history is unavailable (not internal), the others' served
+        await client.send(HistoryRequest(room=frozen_room))
+        await client.send(HistoryRequest(room=healthy_rooms[0]))
+        await wait_until(lambda: len(reads) == 2, what="both history answers")
+        assert {type(frame) for frame in reads} == {History, Error}, reads
+        (error,) = [frame for frame in reads if isinstance(frame, Error)]
+        (page,) = [frame for frame in reads if isinstance(frame, History)]
+        assert (error.code, page.room) == ("unavailable", healthy_rooms[0]), (error, page)
         # SIGTERM: the drain waits for the frozen shard's batch to settle (bounded), answers
         # it before the connections close, and the process ends cleanly
         stopped_at = time.monotonic()
