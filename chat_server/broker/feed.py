@@ -98,6 +98,12 @@ class RoomFeed:
             return self.last_seq, self.fill_upto
         return None
 
+    @property
+    def held(self) -> int:
+        """Messages held (behind a gap, or before the first snapshot): at most
+        :data:`HELD_MAX` once synced."""
+        return len(self._held)
+
     # ---- snapshots ---------------------------------------------------------------------
 
     def position(self) -> tuple[int, int]:
