@@ -92,3 +92,8 @@ class StoreUnavailable(StoreError):
 
 class BrokerUnavailable(Unavailable):
     """The broker cannot reach the other processes now (Redis unreachable or too slow)."""
+
+
+class NodeBusy(BrokerUnavailable):
+    """A Redis node already has ``REDIS_NODE_CONNECTIONS`` requests of this process in
+    flight and none ended within ``REDIS_POOL_WAIT_S``: this one request is refused."""

@@ -111,7 +111,7 @@ STORE_QUEUE_DEPTH = (
 SHORT_OF_REPLICAS = (
     "chat_redis_primaries_short_of_replicas",
     "Redis primaries whose last commit was confirmed on fewer replicas than"
-    " REDIS_ACK_REPLICAS asks: their rooms' sends wait, then get unavailable",
+    " REDIS_ACK_REPLICAS asks: their rooms' sends are answered unavailable until they have them",
 )
 # the SQLite history store's (one process: WORKERS > 1 keeps history in Redis)
 WAL_FILE_BYTES = (

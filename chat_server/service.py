@@ -302,7 +302,8 @@ class ChatService:
     # ---- what the store reports ------------------------------------------------------
 
     def committed(self, result: BatchResult) -> None:
-        """One batch's outcome, in commit order: deliver and ack, or tell each sender why not."""
+        """One batch's outcome (each room's in commit order): deliver and ack, or tell each
+        sender why not."""
         if result.error is None:
             self.delivery.committed(result.items)
             self._remember_outcomes(result, None)

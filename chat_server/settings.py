@@ -211,6 +211,23 @@ SPECS: tuple[Spec, ...] = (
         " answers sends to its rooms unavailable",
     ),
     Spec(
+        "REDIS_NODE_CONNECTIONS",
+        "redis_node_connections",
+        "64",
+        integer(1, 10000),
+        "with BROKER=redis: requests (reads, presence) one process has in flight to one Redis"
+        " node at most, besides each node's commit writer and subscription; past it a request"
+        " waits REDIS_POOL_WAIT_S for its turn, then gets unavailable",
+    ),
+    Spec(
+        "REDIS_POOL_WAIT_S",
+        "redis_pool_wait_s",
+        "1",
+        number(0.01, 60),
+        "with BROKER=redis: how long a request waits for a turn on a busy Redis node"
+        " (REDIS_NODE_CONNECTIONS) before it is answered unavailable",
+    ),
+    Spec(
         "PRESENCE_LEASE_S",
         "presence_lease_s",
         "5",
@@ -572,6 +589,8 @@ class Settings(SpecSettings):
     redis_url: str
     redis_cluster: bool
     redis_ack_replicas: int | None
+    redis_node_connections: int
+    redis_pool_wait_s: float
     presence_lease_s: float
     chat_db: str
     chat_db_synchronous: str

@@ -138,18 +138,19 @@ def _redis_backend(
     # imported only when chosen: the redis client is not loaded for one process
     from chat_server.broker.redis import RedisBroker  # noqa: PLC0415
     from chat_server.delivery.shared import SharedDelivery  # noqa: PLC0415
-    from chat_server.redis_nodes import ClusterSlots, OneRedis  # noqa: PLC0415
+    from chat_server.redis_nodes import ClusterSlots, NodeGates, OneRedis  # noqa: PLC0415
     from chat_server.redis_rooms import connect_redis  # noqa: PLC0415
     from chat_server.store.redis import RedisHistoryStore  # noqa: PLC0415
 
     client = connect_redis(settings.redis_url, cluster=settings.redis_cluster)
     release = [client.aclose]
+    gates = NodeGates(settings.redis_node_connections, settings.redis_pool_wait_s)
     if settings.redis_cluster:
-        slots = ClusterSlots(client, settings.redis_url)  # type: ignore[arg-type]
+        slots = ClusterSlots(client, settings.redis_url, gates)  # type: ignore[arg-type]
         topology: ClusterSlots | OneRedis = slots
         release.append(slots.close)
     else:
-        topology = OneRedis(client)  # type: ignore[arg-type]
+        topology = OneRedis(client, gates)  # type: ignore[arg-type]
     store = RedisHistoryStore(
         client=client,
         writer=worker.id,

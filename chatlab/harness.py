@@ -480,6 +480,15 @@ class RedisClusterProcesses:
             time.sleep(0.1)
         raise RuntimeError(f"no replica of {primary.port} came online in {timeout_s} s")
 
+    def replica_of(self, primary: RedisProcess) -> RedisProcess:
+        """A node replicating ``primary`` now (as ``primary`` tells)."""
+        info = primary.call("info", "replication")
+        for line in info.splitlines():
+            if line.startswith("slave") and "port=" in line:
+                port = int(line.split("port=")[1].split(",")[0])
+                return next(node for node in self.nodes if node.port == port)
+        raise RuntimeError(f"{primary.port} has no replica")
+
     def freeze(self, node: RedisProcess) -> None:
         """SIGSTOP ``node``: alive, holding its sockets, answering nothing."""
         node.signal(signal.SIGSTOP)

@@ -64,6 +64,8 @@ CHAT_SERVER = frozenset(
         "RATE_LIMIT_BURST",
         "RATE_LIMIT_PER_S",
         "REDIS_ACK_REPLICAS",
+        "REDIS_NODE_CONNECTIONS",
+        "REDIS_POOL_WAIT_S",
         "REDIS_CLUSTER",
         "REDIS_URL",
         "REGRESSION",

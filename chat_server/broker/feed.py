@@ -9,7 +9,10 @@ the subscription was being set up is also in the room's snapshot). A
 - messages are delivered in ``seq`` order, each exactly once: ``seq <=
   last_seq`` is a duplicate and dropped; a ``seq`` beyond ``last_seq + 1``
   opens a *gap*, and everything after it is held until the caller has read the
-  gap from the durable store (:meth:`fill_page`, then :meth:`fill_done`);
+  gap from the durable store (:meth:`fill_page`, then :meth:`fill_done`); past
+  :data:`HELD_MAX` held messages the feed lets them go and widens the gap over them
+  instead (they are durable: published only once they were), so a gap that takes
+  long to read holds a bounded amount of memory;
 - presence changes carry the room's presence ``version``: old ones are
   dropped, one that skips a version makes the feed ask for a new snapshot
   (:attr:`needs_snapshot`), and a snapshot replaces the member set, announcing
@@ -30,6 +33,9 @@ from collections.abc import Callable, Collection, Mapping
 from chat_server.messages import Message
 
 log = logging.getLogger("chat_server.broker")
+
+#: messages a synced feed holds behind a gap at most; past it they are read back instead
+HELD_MAX = 10_000
 
 #: deliver one message to the room's local members (called in ``seq`` order)
 Deliver = Callable[[Message], None]
@@ -91,6 +97,12 @@ class RoomFeed:
         if self.synced and self.fill_upto > self.last_seq:
             return self.last_seq, self.fill_upto
         return None
+
+    @property
+    def held(self) -> int:
+        """Messages held (behind a gap, or before the first snapshot): at most
+        :data:`HELD_MAX` once synced."""
+        return len(self._held)
 
     # ---- snapshots ---------------------------------------------------------------------
 
@@ -174,6 +186,9 @@ class RoomFeed:
         """Deliver what follows ``last_seq`` in order; drop duplicates; hold after a gap."""
         if not self.synced or self.fill_upto > self.last_seq:
             self._held.extend(batch)
+            if self.synced and len(self._held) > HELD_MAX:
+                self.fill_upto = max(self.fill_upto, *(m.seq for m in self._held))
+                self._held.clear()
             return
         self._run(batch)
 

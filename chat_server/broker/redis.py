@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable, Collection, Coroutine
 from typing import Any, Final
 
@@ -52,6 +53,7 @@ from chat_server.broker.feed import RoomFeed
 from chat_server.broker.presence import presence_call, renew_call, snapshot_call
 from chat_server.broker.shards import ShardedSubscriptions
 from chat_server.errors import BrokerUnavailable
+from chat_server.messages import Message
 from chat_server.redis_nodes import Topology
 from chat_server.redis_rooms import (
     BACKOFF_MAX_S,
@@ -62,6 +64,7 @@ from chat_server.redis_rooms import (
     decode_published,
     raise_if_cancelled,
     read_range,
+    room_channel,
     run_scripts,
 )
 from chatlab.supervision import RESTART, supervisor
@@ -72,12 +75,23 @@ log = logging.getLogger("chat_server.broker")
 PREPARE_TIMEOUT_S: Final = 5.0
 #: messages read from a stream per request while filling a gap
 FILL_PAGE: Final = 1000
+#: how long one page of a gap may take to read
+FILL_ANSWER_S: Final = 2.0
 
 
 class _Room:
     """A room this process subscribes to: its feed and the I/O state around it."""
 
-    __slots__ = ("feed", "filling", "in_use", "ready", "snapshotting", "stale", "waiters")
+    __slots__ = (
+        "feed",
+        "fill_delay_s",
+        "filling",
+        "in_use",
+        "ready",
+        "snapshotting",
+        "stale",
+        "waiters",
+    )
 
     def __init__(self, feed: RoomFeed, ready: asyncio.Future[None]) -> None:
         self.feed = feed
@@ -87,6 +101,8 @@ class _Room:
         #: the core holds members here (between subscribe and unsubscribe)
         self.in_use = False
         self.filling = False
+        #: the wait before reading a gap again after a read failed (0: none failed)
+        self.fill_delay_s = 0.0
         self.snapshotting = False
         #: the subscription came back while a snapshot was being read: read another after it
         self.stale = False
@@ -112,9 +128,11 @@ class RedisBroker(Broker):
         lease_s: float,
     ) -> None:
         self._client = client
+        self._topology = topology
         self._worker = worker
         self._lease_ms = int(lease_s * 1000)
         self._heartbeat_s = lease_s / 3
+        self._renew_answer_s = max(self._heartbeat_s, 1.0)
         self._reports: BrokerListener | None = None
         self._rooms: dict[str, _Room] = {}
         self._subscriptions = ShardedSubscriptions(
@@ -161,19 +179,16 @@ class RedisBroker(Broker):
             _, pending = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
             for task in pending:
                 log.error("broker: task %s did not end when cancelled", task.get_name())
-        rooms = self._held_rooms | set(self._listening().local_rooms())
-        try:
-            results = await run_scripts(
-                self._client,
-                [renew_call(room, self._worker, 0, self._lease_ms) for room in sorted(rooms)],
+        rooms = sorted(self._held_rooms | set(self._listening().local_rooms()))
+        # per node, each bounded: a frozen node keeps its rooms' leases (they lapse), not the
+        # others' releases or the process' exit
+        releases = [renew_call(room, self._worker, 0, self._lease_ms) for room in rooms]
+        results = await self._run_per_node(rooms, releases, CLOSE_WAIT_S)
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            log.warning(
+                "broker: could not release presence in %d rooms: %r", len(errors), errors[0]
             )
-            errors = [r for r in results if isinstance(r, Exception)]
-            if errors:
-                log.warning(
-                    "broker: could not release presence in %d rooms: %s", len(errors), errors[0]
-                )
-        except (RedisError, OSError) as exc:
-            log.warning("broker: could not release this process' presence: %s", exc)
         await self._subscriptions.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str, room: str) -> asyncio.Task[Any]:
@@ -295,8 +310,8 @@ class RedisBroker(Broker):
         # messages and presence heard while the reply is on its way may be newer than it
         asked_at = entry.feed.position()
         try:
-            (reply,) = await run_scripts(
-                self._client, [snapshot_call(room, self._worker, self._lease_ms)]
+            (reply,) = await self._run_per_node(
+                [room], [snapshot_call(room, self._worker, self._lease_ms)]
             )
             if isinstance(reply, Exception):
                 raise reply
@@ -348,7 +363,7 @@ class RedisBroker(Broker):
             try:
                 await self._snapshot(entry)
                 return
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, BrokerUnavailable) as exc:
                 log.info("broker: snapshot of %s failed (%s); retrying", entry.feed.room, exc)
             entry.snapshotting = True
             await asyncio.sleep(delay)
@@ -356,22 +371,40 @@ class RedisBroker(Broker):
         entry.snapshotting = False
 
     async def _fill(self, entry: _Room) -> None:
-        """Read the feed's gap from the room's stream and deliver it, page by page."""
+        """Read the feed's gap from the room's stream and deliver it, page by page; after a
+        failed read, wait (doubling up to BACKOFF_MAX_S) before the next try."""
         feed = entry.feed
         try:
+            if entry.fill_delay_s:
+                await asyncio.sleep(entry.fill_delay_s * (0.5 + random.random()))
             while (gap := feed.gap) is not None:
                 after, upto = gap
-                page = await read_range(self._client, feed.room, after, upto, FILL_PAGE)
+                page = await self._read_gap(feed.room, after, upto)
                 if self._rooms.get(feed.room) is not entry:
                     return
                 feed.fill_page(page)
                 if len(page) < FILL_PAGE:
                     feed.fill_done(upto)
-        except (RedisError, OSError) as exc:
-            log.info("broker: reading the gap of %s failed (%s); retried later", feed.room, exc)
+            entry.fill_delay_s = 0.0
+        except (RedisError, OSError, BrokerUnavailable) as exc:
+            entry.fill_delay_s = min(max(entry.fill_delay_s * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+            log.info(
+                "broker: reading the gap of %s failed (%r); again in about %.2f s",
+                feed.room,
+                exc,
+                entry.fill_delay_s,
+            )
         finally:
             entry.filling = False
         self._after_feed(entry)
+
+    async def _read_gap(self, room: str, after: int, upto: int) -> list[Message]:
+        """One page of ``room``'s stream from the node serving it, holding one of its turns."""
+        node = self._topology.node_of(room_channel(room))
+        if not node:
+            raise BrokerUnavailable(f"no Redis node serves room {room} now (a failover?)")
+        async with self._topology.gate(node).turn(), asyncio.timeout(FILL_ANSWER_S):
+            return await read_range(self._topology.client(node), room, after, upto, FILL_PAGE)
 
     # ---- what the subscriptions hear --------------------------------------------------------
 
@@ -413,19 +446,17 @@ class RedisBroker(Broker):
                 self._presence_resync = True
 
     async def _renew_leases(self) -> None:
-        rooms = sorted(self._held_rooms)
-        if not rooms:
+        """Renew this process' lease in every held room, one pipeline per node, the nodes
+        at once: a frozen or failing node delays only its own rooms' renewals."""
+        by_node: dict[str, list[str]] = {}
+        node_of = self._topology.node_of
+        for room in sorted(self._held_rooms):
+            by_node.setdefault(node_of(room_channel(room)), []).append(room)
+        if not by_node:
             return
-        calls = [renew_call(room, self._worker, self._lease_ms, self._lease_ms) for room in rooms]
-        released = 0
-        for room, reply in zip(rooms, await run_scripts(self._client, calls), strict=True):
-            if isinstance(reply, Exception):
-                log.info("broker: lease renewal in %s failed (%s)", room, reply)
-                self._presence_resync = True
-                continue
-            released += int(reply[0])
-            if reply[1]:
-                self._presence_rewrite.add(room)
+        released = sum(
+            await asyncio.gather(*(self._renew_on(node, rooms) for node, rooms in by_node.items()))
+        )
         if released:
             log.info("broker: released the presence of %d processes whose lease ran out", released)
         if self._presence_rewrite:
@@ -434,6 +465,30 @@ class RedisBroker(Broker):
                 len(self._presence_rewrite),
             )
             self._presence_wakeup.set()
+
+    async def _renew_on(self, node: str, rooms: list[str]) -> int:
+        """Renew the lease in ``rooms`` on ``node``; how many expired processes it released."""
+        if not node:
+            return 0  # no node serves them now (a failover): the next renewal
+        calls = [renew_call(room, self._worker, self._lease_ms, self._lease_ms) for room in rooms]
+        try:
+            # within about a heartbeat: the next renewal of the other nodes' rooms is not held
+            async with self._topology.gate(node).turn(), asyncio.timeout(self._renew_answer_s):
+                replies = await run_scripts(self._topology.client(node), calls)
+        except (*CONNECTION_ERRORS, RedisError, BrokerUnavailable, TimeoutError) as exc:
+            log.info("broker: lease renewal on %s failed (%r)", node, exc)
+            self._presence_resync = True
+            return 0
+        released = 0
+        for room, reply in zip(rooms, replies, strict=True):
+            if isinstance(reply, Exception):  # e.g. MOVED: the slots are read again meanwhile
+                log.info("broker: lease renewal in %s failed (%s)", room, reply)
+                self._presence_resync = True
+                continue
+            released += int(reply[0])
+            if reply[1]:
+                self._presence_rewrite.add(room)
+        return released
 
     async def _write_presence(self) -> None:
         """Write presence changes in order, as the local truth is when written."""
@@ -457,8 +512,8 @@ class RedisBroker(Broker):
                     if queued:
                         await self._write_changes(queued)
                 delay = BACKOFF_MIN_S
-            except (*CONNECTION_ERRORS, RedisError) as exc:
-                log.info("broker: presence write failed (%s); writing all again later", exc)
+            except (*CONNECTION_ERRORS, RedisError, BrokerUnavailable, TimeoutError) as exc:
+                log.info("broker: presence write failed (%r); writing all again later", exc)
                 self._presence_resync = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX_S)
@@ -472,7 +527,7 @@ class RedisBroker(Broker):
             if mode == "+":
                 self._held_rooms.add(room)
             calls.append(presence_call(room, self._worker, self._lease_ms, mode, (user,)))
-        self._held(changes, await run_scripts(self._client, calls))
+        self._held(changes, await self._run_per_node([room for room, _ in changes], calls))
 
     async def _write_exact(self, rooms: Collection[str]) -> None:
         """Make Redis hold exactly this process' local users in each of ``rooms``."""
@@ -483,17 +538,48 @@ class RedisBroker(Broker):
             presence_call(room, self._worker, self._lease_ms, "exact", tuple(local.get(room, ())))
             for room in ordered
         ]
-        self._held([(room, "") for room in ordered], await run_scripts(self._client, calls))
+        self._held([(room, "") for room in ordered], await self._run_per_node(ordered, calls))
+
+    async def _run_per_node(
+        self, rooms: list[str], calls: list[Any], timeout_s: float = PREPARE_TIMEOUT_S
+    ) -> list[Any]:
+        """Run each room's call on the node serving it, one pipeline per node, the nodes at
+        once; each call's reply, or the error its node failed with (a node that is down or
+        frozen fails only its own rooms' calls, within ``timeout_s``)."""
+        by_node: dict[str, list[int]] = {}
+        for index, room in enumerate(rooms):
+            by_node.setdefault(self._topology.node_of(room_channel(room)), []).append(index)
+        replies: list[Any] = [None] * len(calls)
+
+        async def run(node: str, indexes: list[int]) -> None:
+            try:
+                if not node:
+                    raise BrokerUnavailable("no Redis node serves the room (a failover?)")
+                async with self._topology.gate(node).turn(), asyncio.timeout(timeout_s):
+                    answers = await run_scripts(
+                        self._topology.client(node), [calls[i] for i in indexes]
+                    )
+            except (*CONNECTION_ERRORS, RedisError, BrokerUnavailable, TimeoutError) as exc:
+                answers = [exc] * len(indexes)
+            for index, answer in zip(indexes, answers, strict=True):
+                replies[index] = answer
+
+        await asyncio.gather(*(run(node, indexes) for node, indexes in by_node.items()))
+        return replies
 
     def _held(self, writes: list[tuple[str, str]], replies: list[Any]) -> None:
-        """Keep the rooms where Redis holds users of this process; raise the first error."""
+        """Keep the rooms where Redis holds users of this process; then raise the first error
+        (the rooms written on other nodes are kept too)."""
+        error: Exception | None = None
         for (room, _), reply in zip(writes, replies, strict=True):
             if isinstance(reply, Exception):
-                raise reply
-            if int(reply) > 0:
+                error = error or reply
+            elif int(reply) > 0:
                 self._held_rooms.add(room)
             else:
                 self._held_rooms.discard(room)
+        if error is not None:
+            raise error
 
 
 def _fail(future: asyncio.Future[None], exc: BaseException) -> None:

@@ -30,7 +30,8 @@ class Delivery(ABC):
 
     @abstractmethod
     def committed(self, items: list[tuple[Message, Session]]) -> None:
-        """A batch the store committed, in commit order: deliver and ack what can be now."""
+        """A batch the store committed (each room's in commit order): deliver and ack what can
+        be now."""
 
     @abstractmethod
     def join_ready(self, session: Session, message: Join) -> bool:

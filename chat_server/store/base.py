@@ -12,7 +12,7 @@ import asyncio
 import collections
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -49,7 +49,7 @@ class StoreStats:
     the last above every bound, and ``restart_hold_sum_s``) are the SQLite store's,
     None for a store without a WAL. ``primaries_short_of_replicas`` (Redis only, else
     None) counts the primaries whose last commit was confirmed on fewer replicas than
-    ``REDIS_ACK_REPLICAS`` asks: their rooms' sends wait, then get ``unavailable``.
+    ``REDIS_ACK_REPLICAS`` asks: their rooms' sends get ``unavailable`` until they have them.
     """
 
     batches_committed: int
@@ -68,18 +68,28 @@ class StoreStats:
 
 
 class BatchLedger:
-    """A store's bookkeeping on the event loop: reports batches, wakes flushers, counts.
+    """A store's bookkeeping on the event loop: tickets, batch reports, flushes, counts.
 
-    Every submission is counted with :meth:`submitted`; every batch outcome goes
-    through :meth:`report`, which calls ``on_batch`` (logging, never raising, if it
+    Every submission takes a ticket from :meth:`submitted` (0, 1, 2, ... in submission
+    order); every batch outcome goes through :meth:`report` with its items' tickets, in
+    any order (a store with several writers, one per Redis node, reports each node's
+    batches as they settle), which calls ``on_batch`` (logging, never raising, if it
     fails) and then wakes the :meth:`flush` calls whose submissions are all reported.
+
+    The table it keeps: ``low``, the lowest ticket not reported yet, and the reported
+    tickets above it. "Everything submitted before mark ``m`` is reported" is ``low >=
+    m``, whatever order the reports came in.
     """
 
     def __init__(self, on_batch: BatchCallback | None = None) -> None:
         #: where batch outcomes go: the store's owner, set with :meth:`HistoryStore.report_to`
         self.on_batch: BatchCallback = on_batch or _unreported
-        self._submitted = 0
-        self._reported = 0
+        #: the next ticket to give out
+        self._next = 0
+        #: the lowest ticket not reported yet (every one below it is)
+        self._low = 0
+        #: tickets above ``_low`` reported already (out of order)
+        self._early: set[int] = set()
         self._flush_waiters: collections.deque[tuple[int, asyncio.Future[None]]] = (
             collections.deque()
         )
@@ -91,12 +101,36 @@ class BatchLedger:
         self._last_batch_size = 0
         self._batch_sizes: collections.Counter[int] = collections.Counter()
 
-    def submitted(self) -> None:
-        """Count one submission that will be reported later."""
-        self._submitted += 1
+    def submitted(self) -> int:
+        """Count one submission that will be reported later; its ticket."""
+        ticket = self._next
+        self._next += 1
+        return ticket
 
-    def report(self, items: list[tuple[Message, Any]], error: StoreError | None) -> None:
-        """Count one batch's outcome, call ``on_batch``, wake the flushers it completes."""
+    def mark(self) -> int:
+        """A mark for everything submitted so far (see :meth:`reached`)."""
+        return self._next
+
+    def reached(self, mark: int) -> bool:
+        """True once every submission counted before ``mark`` was taken is reported."""
+        return self._low >= mark
+
+    @property
+    def outstanding(self) -> int:
+        """Submissions not reported yet."""
+        return self._next - self._low - len(self._early)
+
+    def report(
+        self,
+        items: list[tuple[Message, Any]],
+        error: StoreError | None,
+        tickets: Sequence[int] | None = None,
+    ) -> None:
+        """Count one batch's outcome, call ``on_batch``, wake the flushers it completes.
+
+        ``tickets`` are the items' tickets from :meth:`submitted`; None means the oldest
+        unreported ones (a store with one writer that reports in submission order).
+        """
         size = len(items)
         if error is None:
             self._batches_committed += 1
@@ -106,21 +140,42 @@ class BatchLedger:
             self._messages_failed += size
         self._last_batch_size = size
         self._max_batch_size = max(self._max_batch_size, size)
-        self._batch_sizes[1 << (size.bit_length() - 1)] += 1
+        if size:
+            self._batch_sizes[1 << (size.bit_length() - 1)] += 1
         try:
             self.on_batch(BatchResult(items, error))
         except Exception:
             logger.exception("history store: on_batch callback failed for a batch of %d", size)
-        self._reported += size
-        while self._flush_waiters and self._flush_waiters[0][0] <= self._reported:
+        self._settle(size if tickets is None else None, tickets)
+        while self._flush_waiters and self._flush_waiters[0][0] <= self._low:
             _, waiter = self._flush_waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _settle(self, oldest: int | None, tickets: Sequence[int] | None) -> None:
+        """Mark ``tickets`` (or the ``oldest`` unreported ones) reported; raise ``low``."""
+        early = self._early
+        if tickets is None:
+            tickets = []
+            candidate = self._low
+            while len(tickets) < (oldest or 0) and candidate < self._next:
+                if candidate not in early:
+                    tickets.append(candidate)
+                candidate += 1
+        for ticket in tickets:
+            if not self._low <= ticket < self._next or ticket in early:
+                raise ValueError(f"ticket {ticket} was not given out or is reported already")
+            early.add(ticket)
+        low = self._low
+        while low in early:
+            early.remove(low)
+            low += 1
+        self._low = low
+
     async def flush(self) -> None:
         """Return once every submission counted before the call has been reported."""
-        target = self._submitted
-        if self._reported >= target:
+        target = self.mark()
+        if self.reached(target):
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flush_waiters.append((target, waiter))
@@ -149,7 +204,8 @@ class HistoryStore(ABC):
 
     @abstractmethod
     def report_to(self, on_batch: BatchCallback) -> None:
-        """Report each batch's outcome to ``on_batch``, in commit order (before :meth:`start`)."""
+        """Report each batch's outcome to ``on_batch`` (before :meth:`start`): each room's
+        batches in commit order; rooms on different Redis nodes may interleave."""
 
     @abstractmethod
     async def start(self) -> None:
@@ -205,7 +261,8 @@ class LedgerStore(HistoryStore):
     _queue: Sized
 
     def report_to(self, on_batch: BatchCallback) -> None:
-        """Report each batch's outcome to ``on_batch``, in commit order (before :meth:`start`)."""
+        """Report each batch's outcome to ``on_batch`` (before :meth:`start`): each room's
+        batches in commit order; rooms on different Redis nodes may interleave."""
         self._ledger.on_batch = on_batch
 
     async def flush(self) -> None:

@@ -121,3 +121,18 @@ def test_serialization_microbenchmarks_run_once_and_render_the_seed_table(tmp_pa
     assert table.returncode == 0, table.stderr
     for group in ("seed message: serialize", "chat send: decode (codec)"):
         assert sum(group in line for line in table.stdout.splitlines()) == 3, table.stdout
+
+
+def test_shard_faults_bench_reports_healthy_and_struck_shards_apart(tmp_path: Path):
+    out = tmp_path / "shard_faults.json"
+    args = ("--fault", "replica", "--clients", "12", "--rooms", "6", "--rate", "120")
+    quick = ("--before-s", "2", "--window-s", "2", "--runs", "1", "--json", str(out))
+    result = _run("bench.shard_faults", *args, *quick)
+    assert result.returncode == 0, result.stderr
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["rooms_struck"] > 0 and row["rooms_healthy"] > 0
+    # the replica is lost for good: the struck shard refuses, the others go on
+    assert row["healthy_after"]["sends"] == row["healthy_after"]["acked"] > 0
+    assert row["healthy_after"]["unavailable"] == 0
+    assert row["struck_after"]["unavailable"] > 0
+    assert row["struck_before"]["acked"] > 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chat_server.broker.feed import RoomFeed
+from chat_server.broker.feed import HELD_MAX, RoomFeed
 from chat_server.messages import Message
 
 
@@ -51,6 +51,24 @@ def test_a_gap_holds_later_messages_until_it_is_filled_from_the_store():
     feed.fill_done(4)
     assert rec.delivered == [3, 4, 5, 6, 7]
     assert feed.gap is None and feed.last_seq == 7
+
+
+def test_a_gap_that_takes_long_holds_at_most_held_max_then_reads_the_rest_back():
+    """A gap whose read keeps failing (its node unreachable) while the room goes on: the
+    feed lets go of what it held past HELD_MAX and widens the gap instead; filled, every
+    message is delivered once, in order."""
+    rec = Recorder()
+    feed = rec.feed()
+    feed.snapshot(2, 0, {}, ())
+    later = [msg(seq) for seq in range(5, 5 + HELD_MAX + 1)]
+    for message in later:
+        feed.messages([message])
+    assert feed.held <= HELD_MAX
+    assert rec.delivered == [] and feed.gap == (2, later[-1].seq)
+    feed.messages([msg(later[-1].seq + 1)])  # heard after letting go: held again
+    feed.fill_page([msg(3), msg(4), *later])  # read back from the stream
+    feed.fill_done(later[-1].seq)
+    assert rec.delivered == list(range(3, later[-1].seq + 2))
 
 
 def test_a_gap_the_store_no_longer_holds_is_jumped_over():

@@ -15,7 +15,7 @@ from chat_server.messages import Message
 from chat_server.redis_rooms import connect_redis, legacy_send_ref_key, send_key
 from chat_server.store.base import BatchResult
 from chat_server.store.redis import COMMIT_SCRIPT, RedisHistoryStore
-from tests.support import RedisProcess
+from tests.support import RedisProcess, wait_until
 
 StoreFactory = Callable[..., Awaitable[tuple[RedisHistoryStore, list[BatchResult]]]]
 
@@ -231,11 +231,16 @@ async def test_too_few_replicas_stores_but_neither_publishes_nor_acks_until_one_
     assert store.stats().primaries_short_of_replicas == 1  # the metric's figure
     assert await store.history("lobby", None, 10) == []  # stored, but not durable
     assert redis_server.call("get", "chat:{lobby}:durable").strip() == "0"
+    # known short: the next send is refused at once, unwritten (not kept in doubt again)
+    with pytest.raises(StoreUnavailable, match="fewer replicas"):
+        store.submit(make_message(body="refused", ref="r2"), None)
 
     replica = start_redis()
     replica.call("replicaof", "127.0.0.1", str(redis_server.port))
-    while "master_link_status:up" not in replica.call("info", "replication"):
-        await asyncio.sleep(0.05)
+    # the store's probe sees the replica online and takes sends again
+    await wait_until(
+        lambda: store.stats().primaries_short_of_replicas == 0, what="the probe saw the replica"
+    )
     store.submit(make_message(body="waits", ref="r1"), None)  # the client's retry
     await store.flush()
     assert results[-1].error is None
