@@ -69,7 +69,8 @@ def test_keys_of_other_tools_and_every_known_name_pass(tmp_path: Path):
         ("SERIALIZR", "SERIALIZER"),  # one dropped
         ("SERIALIZERR", "SERIALIZER"),  # one added
         ("SERIALIZRE", "SERIALIZER"),  # two neighbours swapped
-        ("TOKEN_TTL", "TOKEN_TTL_S"),  # an auth setting
+        ("AUTH_PROT", "AUTH_PORT"),  # an auth setting
+        ("TOKEN_TTL", None),  # two edits: "_S" dropped
         ("BROWSER", None),  # two edits from BROKER: another tool's
         ("REDIS_HOST", None),
         ("PATH", None),
