@@ -27,7 +27,6 @@ import argparse
 import json
 import logging
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +36,13 @@ from bench.lab.machine import (
     QUIET_WAIT_S,
     STEAL_LIMIT_MS_PER_S,
 )
-from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix, runnable
-from bench.lab.results import HEADLINE_SLO_MS, Results, Step
-from chatlab.harness import ROOT
+from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
+from bench.lab.results import HEADLINE_SLO_MS, REPORTS_DIR, Results, Step
 from chatlab.settings import http_urls
 
-REPORTS_DIR = ROOT / "reports"
 CEILINGS_PATH = REPORTS_DIR / "ceilings.json"
 
 log = logging.getLogger("bench.lab")
-
-
-def _out_dir(given: str, label: str) -> Path:
-    if given:
-        return Path(given)
-    return REPORTS_DIR / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{label}"
 
 
 def _config_name(env: dict[str, str]) -> str:
@@ -117,24 +108,12 @@ def cmd_list(_args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a matrix and write its report."""
     from bench.lab.progress import Progress
-    from bench.lab.runner import run_matrix
+    from bench.lab.runner import matrix_to_run, report_dir, run_matrix, start_when_quiet
 
-    matrix, skipped = runnable(load_matrix(args.matrix))
-    for name, reason in skipped.items():
-        print(f"lab: skipping {name!r}: {reason}", file=sys.stderr)
+    matrix, skipped = matrix_to_run(args.matrix)
     repeat = args.repeat or matrix.repeat
-    out_dir = _out_dir(args.out, matrix.name)
-    if args.wait_quiet_s > 0:
-        from bench.lab.machine import wait_for_quiet
-
-        say = (
-            (lambda text: None)
-            if args.quiet
-            else (lambda text: print(f"lab: {text}", file=sys.stderr, flush=True))
-        )
-        before = wait_for_quiet(args.wait_quiet_s, say)
-        if before.busy:
-            log.warning("starting on a busy machine: %s", before.sentence())
+    out_dir = report_dir(args.out, matrix.name)
+    start_when_quiet(args.wait_quiet_s, quiet=args.quiet)
     progress = Progress(
         matrix.estimate_s(repeat),
         f"lab {matrix.name} x{repeat}",
@@ -162,13 +141,13 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from bench.lab.capacity import capacity_plan, climbing, knees, parse_slo
     from bench.lab.matrix import Matrix
     from bench.lab.progress import Progress
-    from bench.lab.runner import run_matrix
+    from bench.lab.runner import report_dir, run_matrix
 
     slo = parse_slo(args.slo)
     env = dict(item.split("=", 1) for item in args.env)
     name = args.name or _config_name(env)
     counts = args.connections
-    out_dir = _out_dir(args.out, "capacity")
+    out_dir = report_dir(args.out, "capacity")
     configs: list[Config] = []
     for n in counts:
         suffix = f" @{n}" if len(counts) > 1 else ""
@@ -271,10 +250,10 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
     from bench.lab.capacity import climbing, edge, parse_slo
     from bench.lab.matrix import Matrix
     from bench.lab.progress import Progress
-    from bench.lab.runner import run_matrix
+    from bench.lab.runner import report_dir, run_matrix
 
     slo = parse_slo(args.slo)
-    out_dir = _out_dir(args.out, "ceiling")
+    out_dir = report_dir(args.out, "ceiling")
     variants = CEILING_VARIANTS[args.deflate]
     progress = Progress(
         8 * (args.step_s + 4) * len(variants), "driver ceiling", enabled=not args.quiet

@@ -1,9 +1,11 @@
 """The capacity ladder: each configuration's knee over its repeats, and what may be claimed.
 
-A configuration climbed by the fast driver (``Run.knee``, :func:`bench.lab.results.edge`)
-has one knee per repeat: the highest delivered/s that held the SLO. This module turns them
-into rungs (median, min-max, whether the knee is only a lower bound), compares each rung
-with the baseline and with the relays, and writes the findings the report opens with.
+A configuration climbed by the fast driver has one knee per repeat
+(:class:`~bench.lab.results.Knee`, judged by :func:`~bench.lab.results.edge`): the highest
+delivered/s that held the SLO. :func:`rungs_of`, the lab's one summary of knees over
+repeats, turns them into rungs (median, min-max, whether the knee is only a lower bound);
+:func:`ladder` compares each rung with the baseline and with the relays, and
+:mod:`bench.lab.findings` writes from it the findings the report opens with.
 
 What may be claimed: a rung is better or worse than the baseline only when the difference
 holds in *every* repeat (repeat i against the baseline's repeat i) and exceeds the noise

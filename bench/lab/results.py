@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+#: where a lab run writes its results and report, unless told: ``reports/<time>-<label>/``
+REPORTS_DIR = Path(__file__).resolve().parents[2] / "reports"
 #: the percentiles every latency summary carries, as keys of :attr:`Step.latency_ms`
 PERCENTILES = ("p50", "p90", "p95", "p99", "p999", "max")
 

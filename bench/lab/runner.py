@@ -34,9 +34,9 @@ from typing import Any
 from bench.lab.capacity import fast_driver
 from bench.lab.facts import machine_facts, split_cores, usable_cores
 from bench.lab.locust_step import locust_step
-from bench.lab.machine import busy_reasons, is_busy, others_load_over
-from bench.lab.matrix import Config, Load, Matrix, offers_deflate
-from bench.lab.results import Results, Run, Step, edge, parse_slo
+from bench.lab.machine import busy_reasons, is_busy, others_load_over, wait_for_quiet
+from bench.lab.matrix import Config, Load, Matrix, load_matrix, offers_deflate, runnable
+from bench.lab.results import REPORTS_DIR, Results, Run, Step, edge, parse_slo
 from bench.lab.sampler import Sampler
 from bench.lab.scrape import scrape_metrics
 from bench.lab.side import measure_side, side_skipped
@@ -102,6 +102,38 @@ def run_matrix(
         results.duration_s = round(time.monotonic() - lab.t0, 1)
         results.save(results_path)
     return results
+
+
+def matrix_to_run(name_or_path: str) -> tuple[Matrix, dict[str, str]]:
+    """The matrix, less the configurations this machine cannot run (each said on stderr,
+    and returned with why)."""
+    matrix, skipped = runnable(load_matrix(name_or_path))
+    for name, reason in skipped.items():
+        print(f"lab: skipping {name!r}: {reason}", file=sys.stderr)
+    return matrix, skipped
+
+
+def report_dir(given: str, label: str) -> Path:
+    """``given``, or ``reports/<time>-<label>``."""
+    if given:
+        return Path(given)
+    return REPORTS_DIR / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{label}"
+
+
+def start_when_quiet(max_wait_s: float, *, quiet: bool = False) -> None:
+    """Wait at most ``max_wait_s`` for a quiet machine (:func:`bench.lab.machine.
+    wait_for_quiet`; 0: do not wait), saying so on stderr unless ``quiet``; start anyway,
+    with a warning, on a busy one."""
+    if max_wait_s <= 0:
+        return
+    say = (
+        (lambda text: None)
+        if quiet
+        else (lambda text: print(f"lab: {text}", file=sys.stderr, flush=True))
+    )
+    before = wait_for_quiet(max_wait_s, say)
+    if before.busy:
+        log.warning("starting on a busy machine: %s", before.sentence())
 
 
 def new_results(
