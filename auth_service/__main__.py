@@ -36,7 +36,7 @@ from auth_service.users import UserStore
 from auth_service.users_postgres import PostgresUsers
 from chatlab.log_redaction import redact_tokens_in_logs
 from chatlab.loops import loop_factory
-from chatlab.settings import add_env_file_option
+from chatlab.settings import add_env_file_option, warn_misspelt_environment
 
 log = logging.getLogger("auth_service")
 
@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     redact_tokens_in_logs()  # uvicorn's access and error lines
+    warn_misspelt_environment(log)
     if args.command == "rotate-key":
         return rotate(settings, revoke=args.revoke)
     if args.command == "migrate-users":

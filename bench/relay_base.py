@@ -23,7 +23,6 @@ opcode, framing cache, statistics).
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import Protocol, TypeVar
 
 _Member = TypeVar("_Member")
@@ -59,17 +58,6 @@ MAX_OUTBOUND_BYTES = 16 * 2**20
 #: reset (websockets' default ``close_timeout``)
 CLOSE_TIMEOUT_S = 10.0
 #: the first byte of a final, uncompressed data frame: FIN and the opcode
-_FIN = 0x80
-
-
-def frame_header(opcode: int, payload_bytes: int) -> bytes:
-    """The header of one final, unmasked server frame (RFC 6455 5.2) with this opcode
-    and payload length, as websockets' ``Frame.serialize(mask=False)`` writes it."""
-    if payload_bytes < 126:
-        return bytes((_FIN | opcode, payload_bytes))
-    if payload_bytes < 2**16:
-        return struct.pack("!BBH", _FIN | opcode, 126, payload_bytes)
-    return struct.pack("!BBQ", _FIN | opcode, 127, payload_bytes)
 
 
 def leave_room(rooms: dict[str, set[_Member]], room: str, member: _Member) -> None:

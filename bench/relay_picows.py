@@ -49,10 +49,10 @@ from bench.relay_base import (
     WS_PATH,
     CoalescedWriter,
     IterationFlush,
-    frame_header,
     leave_room,
 )
 from chat_server.runtime import on_stop_signals
+from chat_server.transport.frames import frame_header
 
 log = logging.getLogger("bench.relay")
 

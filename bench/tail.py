@@ -54,9 +54,11 @@ from typing import Any
 
 import psutil
 
-from bench.lab.driver.config import DriverArgs
+from bench.lab.capacity import climbing, fast_driver
+from bench.lab.machine import steal_s
+from bench.lab.matrix import Load
 from bench.lab.results import Run, Step, edge
-from bench.lab.runner import RelayProcess
+from bench.lab.target import RelayProcess
 from bench.tail_window import (  # re-exported: the figures bench.tail reports
     CPU,
     GC_PAUSES,
@@ -72,7 +74,6 @@ from bench.tail_window import (  # re-exported: the figures bench.tail reports
     scrape,
     second_figures,
     stalls,
-    steal_s,
     window_figures,
     window_histogram,
 )
@@ -81,6 +82,8 @@ from chatlab.settings import parse_core_list
 
 #: the ``--env`` name a ``--server-root`` arrives as: the chat server's code for a variant
 SERVER_ROOT = "server_root"
+#: what ``--of-capacity``'s climb holds: the lab's headline SLO
+CAPACITY_SLO_MS = {"p99": 100.0}
 #: the ``--relay`` variant: the bare websockets relay (``bench.relay``), not a chat server
 RELAY = {"target": "relay"}
 
@@ -140,7 +143,7 @@ def knee(steps: list[dict[str, Any]], slo: dict[str, float]) -> tuple[float | No
     knee lies higher)."""
     run = Run(config="climb", repeat=0, target="", env={}, steps=[Step.from_dict(s) for s in steps])
     found = edge(run, slo)
-    return found["capacity_offered_per_s"], not found["lower_bound"]
+    return found.capacity_offered_per_s, not found.lower_bound
 
 
 def measure_capacity(
@@ -151,34 +154,54 @@ def measure_capacity(
     whether a step above it broke (see :func:`knee`)."""
     server, target, _ = start_server(args, env, workdir)
     out = workdir / "climb.json"
-    command = DriverArgs(
-        target=target.kind,
-        url=target.url,
-        token_file=target.token_file,
-        connections=args.connections,
-        rates=(args.capacity_start_rate,),
-        step_s=args.capacity_step_s,
-        warmup_s=2,
-        drain_s=2,
-        cpu_affinity=args.driver_core,
-        json_out=out,
-        climb="p99=100",
+    load = climbing(
+        Load(connections=args.connections, step_s=args.capacity_step_s, drain_s=2),
+        slo_ms=CAPACITY_SLO_MS,
+        start_rate=args.capacity_start_rate,
         factor=1.25,
         max_rate=args.capacity_max_rate,
-    ).command()
+    )
     try:
-        with (workdir / "climb.log").open("w") as log:
-            status = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False
-            ).returncode
+        status = drive(
+            args, env, target, load, json_out=out, log_path=workdir / "climb.log", timeout_s=3600
+        )
     finally:
         server.stop()
     if status != 0 or not out.exists():
         raise RuntimeError(f"the climb's driver exited {status}: see {workdir / 'climb.log'}")
-    rate, bracketed = knee(json.loads(out.read_text()), {"p99": 100.0})
+    rate, bracketed = knee(json.loads(out.read_text()), CAPACITY_SLO_MS)
     if rate is None:
         raise RuntimeError(f"no step of the climb held p99 < 100 ms: see {workdir / 'climb.log'}")
     return rate, bracketed
+
+
+def drive(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    target: Target,
+    load: Load,
+    *,
+    json_out: Path,
+    log_path: Path,
+    timeout_s: float,
+    t0_monotonic: float | None = None,
+) -> int:
+    """Run the lab's fast driver with ``load`` against ``target`` on ``--driver-core``,
+    its output in ``log_path``; its exit status."""
+    command = fast_driver(
+        load,
+        target=target.kind,
+        url=target.url,
+        env=env,
+        cpu_affinity=args.driver_core,
+        token_file=target.token_file,
+        json_out=json_out,
+        t0_monotonic=t0_monotonic,
+    ).command()
+    with log_path.open("w") as log:
+        return subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+        ).returncode
 
 
 @dataclass
@@ -265,27 +288,23 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> Tai
     t0 = time.monotonic()
     try:
         scraper.start()
-        command = DriverArgs(
-            target=target.kind,
-            url=target.url,
-            token_file=target.token_file,
+        steady = Load(
             connections=args.connections,
             rates=(env_rate(args, env),),
             step_s=args.duration_s,
             warmup_s=2,
             drain_s=1,
-            cpu_affinity=args.driver_core,
+        )
+        status = drive(
+            args,
+            env,
+            target,
+            steady,
             json_out=out,
+            log_path=workdir / "driver.log",
+            timeout_s=args.duration_s + 180,
             t0_monotonic=t0,
-        ).command()
-        with (workdir / "driver.log").open("w") as log:
-            status = subprocess.run(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=args.duration_s + 180,
-                check=False,
-            ).returncode
+        )
         if status != 0 or not out.exists():
             raise RuntimeError(f"fast driver exited {status}: see {workdir / 'driver.log'}")
         # a server from before /stats had its tail (--server-root) has none

@@ -2,15 +2,14 @@
 scraped with the loop's schedstat wait and the host's steal, and the figures the scrapes
 bracketing the window give (GC pauses, late ticks, commits, errors, CPU, histograms),
 the late ticks with what they coincided with, and the commits' holds in a second. Pure
-functions of the scrapes, apart from :func:`scrape`, :func:`core_wait_s` and
-:func:`steal_s`, which read them."""
+functions of the scrapes, apart from :func:`scrape` and :func:`core_wait_s`, which read
+them (the host's steal: :func:`bench.lab.machine.steal_s`)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from bench.lab.runner import scrape_metrics
+from bench.lab.scrape import scrape_metrics
 
 #: a pause or lateness above this (s) is a tail event
 TAIL_BOUND_S = 0.01
@@ -49,19 +48,6 @@ def core_wait_s(pids: list[int]) -> float | None:
     except (OSError, IndexError, ValueError):
         return None
     return total / 1e9
-
-
-def steal_s(cores: set[int]) -> float | None:
-    """How long the hypervisor has run something else on ``cores`` while this VM wanted
-    them (steal time, /proc/stat), in seconds, summed; None where there is none to read."""
-    names = {f"cpu{core}" for core in cores}
-    try:
-        with open("/proc/stat") as f:
-            rows = [line.split() for line in f if line.startswith("cpu")]
-        ticks = sum(int(row[8]) for row in rows if row[0] in names)
-    except (OSError, IndexError, ValueError):
-        return None
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def second_figures(

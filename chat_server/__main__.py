@@ -23,7 +23,7 @@ from chat_server.settings import SettingError, Settings, settings_help
 from chat_server.supervisor import Supervisor, WorkerSeat
 from chatlab.log_redaction import redact_tokens_in_logs
 from chatlab.loops import loop_factory
-from chatlab.settings import add_env_file_option
+from chatlab.settings import add_env_file_option, warn_misspelt_environment
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,6 +92,8 @@ def _configure_logging(settings: Settings, seat: WorkerSeat | None) -> None:
         stream=sys.stderr,
     )
     redact_tokens_in_logs()
+    if seat is None:  # a worker's environment is its supervisor's: warned about once
+        warn_misspelt_environment(logging.getLogger("chat_server"))
     if settings.log_level != "debug":
         # one line per connection from the websocket library is noise under load
         for library in ("websockets", "picows"):

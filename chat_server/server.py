@@ -19,6 +19,7 @@ from contextlib import AsyncExitStack
 
 from chat_server.auth import TokenVerifier
 from chat_server.codecs import get_codec, protobuf_backend
+from chat_server.core.idempotency import RecentSends
 from chat_server.errors import BrokerUnavailable, StoreError
 from chat_server.limits import ConnectionLimit
 from chat_server.metrics import ChatCollector, MetricsPublisher, MetricsServer
@@ -202,7 +203,7 @@ class Server:
         jwks_refresh = self.verifier.start_refresh()
         if jwks_refresh is not None:
             stack.callback(jwks_refresh.cancel)
-        self._log_listening(transport.port)
+        self._log_listening(transport.port, service.recent_sends)
         # after the line naming the toggles, which the README promises comes first
         counters = service.counters
         start_tail(
@@ -233,8 +234,10 @@ class Server:
         # which of theirs were not accepted before their connection closes
         await asyncio.sleep(self.settings.drain_grace_s)
 
-    def _log_listening(self, port: int) -> None:
-        """The line naming the toggles, what ruled the connection limit, a regression's warning."""
+    def _log_listening(self, port: int, remembered: RecentSends) -> None:
+        """The line naming the toggles (the first the README promises), then what ruled the
+        connection limit, the sends with a ref remembered from the store, a regression's
+        warning."""
         settings = self.settings
         backend = f" ({protobuf_backend()} backend)" if settings.serializer == "protobuf" else ""
         log.info(
@@ -251,6 +254,12 @@ class Server:
                 "connections: at most %d, set by %s",
                 self.limit.connections,
                 self.limit.ruled_by,
+            )
+        if remembered:
+            log.info(
+                "remembering %d sends with a ref from the last %d ms",
+                len(remembered),
+                remembered.window_ms,
             )
         if self.regression.name != "off":
             log.warning(

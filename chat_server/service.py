@@ -353,10 +353,6 @@ class ChatService:
         since_ms = time.time_ns() // 1_000_000 - recent.window_ms
         for message in await self.store.recent_sends(since_ms, recent.max_entries):
             recent.load(message)
-        if recent:
-            log.info(
-                "remembering %d sends with a ref from the last %d ms", len(recent), recent.window_ms
-            )
 
     # ---- waiting work ----------------------------------------------------------------
 

@@ -2,7 +2,10 @@
 
 A key in an env file that neither service knows is usually a typo of one they do
 (``SERIALISER`` for ``SERIALIZER``); :func:`resembled` names the setting it looks like,
-and :mod:`chatlab.settings` refuses such a file at start. This table is written out
+and :mod:`chatlab.settings` refuses such a file at start. The environment holds many
+names neither service reads, so there only a name one edit from a setting's
+(:func:`one_edit_from`: ``SERIALISER=json``) is taken for a typo, and warned about, not
+refused. This table is written out
 here (neither service is imported: the arrows point from them to ``chatlab``), and a
 test holds it equal to the names in both services' ``SPECS``.
 """
@@ -141,3 +144,32 @@ def resembled(name: str) -> str | None:
         return None
     close = difflib.get_close_matches(name.upper(), sorted(KNOWN), n=1, cutoff=RESEMBLANCE)
     return close[0] if close else None
+
+
+def one_edit_from(name: str) -> str | None:
+    """The setting ``name`` (unknown to both services) is one edit from, if any: one letter
+    changed, added, dropped, or two neighbours swapped, case ignored (``serializer`` and
+    ``SERIALISER`` are one edit from ``SERIALIZER``). A known name is one edit from nothing.
+
+    Stricter than :func:`resembled`: the environment holds names that merely look alike
+    (``BROWSER`` and ``BROKER`` are two edits apart)."""
+    if name in KNOWN:
+        return None
+    folded = name.upper()
+    return next((known for known in sorted(KNOWN) if _within_one_edit(folded, known)), None)
+
+
+def _within_one_edit(a: str, b: str) -> bool:
+    """``a`` and ``b`` are equal or one substitution, insertion, deletion or swap of two
+    neighbouring letters apart."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    start = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+    if len(a) < len(b):  # one letter added to ``a``
+        return a[start:] == b[start + 1 :]
+    if a[start + 1 :] == b[start + 1 :]:  # one letter changed (or none)
+        return True
+    swapped = a[start : start + 2] == b[start : start + 2][::-1]
+    return swapped and a[start + 2 :] == b[start + 2 :]

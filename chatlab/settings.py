@@ -12,12 +12,15 @@ Mistakes are refused, not passed over: an enum setting takes exactly the values 
 help lists (``WS_DEFLATE=yes`` is not ``on``), a key in the env file that neither
 service reads but that resembles one they do (``SERIALISER``) is named with the
 setting it resembles, and an env file named explicitly must exist (a missing default
-``.env`` is fine: every setting has a default).
+``.env`` is fine: every setting has a default). The environment holds other programs'
+names too: one there within one edit of a setting's is warned about
+(:func:`warn_misspelt_environment`), not refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -29,7 +32,7 @@ from urllib.parse import urlsplit
 from dotenv import dotenv_values
 
 from chatlab.log_redaction import redact
-from chatlab.setting_names import resembled
+from chatlab.setting_names import one_edit_from, resembled
 
 #: the env file read when no ``--env-file`` is given (in the working directory; may be absent)
 DEFAULT_ENV_FILE = ".env"
@@ -237,6 +240,23 @@ def read_environment(
     return merged
 
 
+def warn_misspelt_environment(
+    log: logging.Logger, environ: Mapping[str, str] | None = None
+) -> None:
+    """Log a warning for each environment name (``environ`` None: this process') that is
+    one edit from a setting either service reads (:func:`one_edit_from`): the setting is
+    not set by it. Not refused as in an env file: the environment is not ours alone."""
+    names = os.environ if environ is None else environ
+    for name in sorted(names):
+        known = one_edit_from(name)
+        if known is not None:
+            log.warning(
+                "environment variable %s is not a setting (ignored); did you mean %s?",
+                name,
+                known,
+            )
+
+
 def read_env_file(env_file: str | Path | None = None) -> dict[str, str]:
     """The settings an env file holds (``env_file`` None: ``.env``, or nothing when absent).
 
@@ -293,7 +313,7 @@ def specs_help(specs: tuple[Spec, ...]) -> str:
     lines = [
         "settings (environment variables, or an env file: .env in the working directory or",
         "--env-file; the environment wins; a key in the file that resembles a setting's",
-        "name, such as SERIALISER, is refused):",
+        "name, such as SERIALISER, is refused; in the environment it is warned about):",
     ]
     for spec in specs:
         default = spec.default if spec.default else "(empty)"

@@ -9,9 +9,8 @@ import os
 import socket
 import struct
 import subprocess
-import sys
+import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.lab.target import RelayProcess
 from chat_server.codecs import get_codec
 from chat_server.messages import (
     Ack,
@@ -276,31 +276,17 @@ async def stored_history(server: ServerProcess, token: str, room: str) -> list[A
 
 @contextmanager
 def running_relay(transport: str, deflate: str = "off", mode: str | None = None) -> Iterator[str]:
-    """``python -m bench.relay --transport TRANSPORT [--mode MODE]`` on a free port, once
-    /healthz answers; its websocket URL. Stopped (SIGTERM, which it must exit 0 on) after."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "bench.relay", "--port", str(port)),
-            *("--transport", transport, "--deflate", deflate, "--log-level", "warning"),
-            *(("--mode", mode) if mode else ()),
-        ],
-        cwd=ROOT,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                    assert r.status == 200
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "no relay"
-                time.sleep(0.05)
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
+    """``python -m bench.relay --transport TRANSPORT [--mode MODE]`` (the lab's launcher,
+    :class:`bench.lab.target.RelayProcess`) on a free port, once /healthz answers (a relay
+    that exits or never answers fails the test with its log); its websocket URL. Stopped
+    after with SIGTERM, which it must exit 0 on."""
+    with tempfile.TemporaryDirectory(prefix="relay-") as workdir:
+        relay = RelayProcess(Path(workdir), transport=transport, deflate=deflate == "on", mode=mode)
+        relay.start()
+        try:
+            yield relay.url
+        finally:
+            assert relay.stop() == 0, relay.log()
 
 
 def masked_frame(payload: bytes, opcode: int, fin: bool = True, rsv1: bool = False) -> bytes:

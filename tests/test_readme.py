@@ -10,6 +10,7 @@ environment (which wins over the ``.env`` the block copies). Both services must 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -46,6 +47,8 @@ def test_the_running_the_server_block_pasted_whole_starts_both_services(tmp_path
     assert "python -m chat_server" in block and "python -m auth_service &" in block
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
     shutil.copy(ROOT / ".env.example", tmp_path / ".env.example")
+    edited = (ROOT / ".env.example").read_text() + "# edited by hand\n"
+    (tmp_path / ".env").write_text(edited)  # a second paste must not overwrite it
     auth_port, chat_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in KNOWN}
     env.update(AUTH_PORT=str(auth_port), CHAT_PORT=str(chat_port), PYTHONPATH=str(ROOT))
@@ -73,6 +76,7 @@ def test_the_running_the_server_block_pasted_whole_starts_both_services(tmp_path
             time.sleep(0.1)
         assert (tmp_path / "keys" / "jwt_public.pem").is_file()
         assert "JWT_PUBLIC_KEY" not in log_path.read_text()
+        assert (tmp_path / ".env").read_text() == edited
     finally:
         _stop_session(shell)
     assert not _answers(auth_port) and not _answers(chat_port)
@@ -91,3 +95,13 @@ def _stop_session(shell: subprocess.Popen[bytes]) -> None:
     with suppress(ProcessLookupError):
         os.killpg(shell.pid, signal.SIGKILL)
     shell.wait(10)
+
+
+def test_the_readme_names_every_debian_package_setup_installs():
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    packages = re.search(r'^DEB_PACKAGES="([^"]+)"', setup, re.MULTILINE)
+    assert packages is not None
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    listed = re.search(r"installs the Debian packages \(`([^`]+)`", readme)
+    assert listed is not None
+    assert listed.group(1).split() == packages.group(1).split()

@@ -26,10 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +36,13 @@ from bench.lab.machine import (
     QUIET_WAIT_S,
     STEAL_LIMIT_MS_PER_S,
 )
-from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix, runnable
-from bench.lab.results import HEADLINE_SLO_MS, Results, Step
-from chatlab.harness import ROOT
+from bench.lab.matrix import Config, Load, MatrixError, available, load_matrix
+from bench.lab.results import HEADLINE_SLO_MS, REPORTS_DIR, Results, Step
 from chatlab.settings import http_urls
 
-REPORTS_DIR = ROOT / "reports"
 CEILINGS_PATH = REPORTS_DIR / "ceilings.json"
 
 log = logging.getLogger("bench.lab")
-
-
-def _out_dir(given: str, label: str) -> Path:
-    if given:
-        return Path(given)
-    return REPORTS_DIR / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{label}"
 
 
 def _config_name(env: dict[str, str]) -> str:
@@ -119,24 +108,12 @@ def cmd_list(_args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a matrix and write its report."""
     from bench.lab.progress import Progress
-    from bench.lab.runner import run_matrix
+    from bench.lab.runner import matrix_to_run, report_dir, run_matrix, start_when_quiet
 
-    matrix, skipped = runnable(load_matrix(args.matrix))
-    for name, reason in skipped.items():
-        print(f"lab: skipping {name!r}: {reason}", file=sys.stderr)
+    matrix, skipped = matrix_to_run(args.matrix)
     repeat = args.repeat or matrix.repeat
-    out_dir = _out_dir(args.out, matrix.name)
-    if args.wait_quiet_s > 0:
-        from bench.lab.machine import wait_for_quiet
-
-        say = (
-            (lambda text: None)
-            if args.quiet
-            else (lambda text: print(f"lab: {text}", file=sys.stderr, flush=True))
-        )
-        before = wait_for_quiet(args.wait_quiet_s, say)
-        if before.busy:
-            log.warning("starting on a busy machine: %s", before.sentence())
+    out_dir = report_dir(args.out, matrix.name)
+    start_when_quiet(args.wait_quiet_s, quiet=args.quiet)
     progress = Progress(
         matrix.estimate_s(repeat),
         f"lab {matrix.name} x{repeat}",
@@ -161,86 +138,68 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     """Climb each configuration and the relay at each connection count; knees and ratios."""
-    from bench.lab.capacity import climb, parse_slo, plan
+    from bench.lab.capacity import capacity_plan, climbing, knees, parse_slo
+    from bench.lab.matrix import Matrix
     from bench.lab.progress import Progress
-    from bench.lab.runner import Lab, machine_facts, split_cores, usable_cores
+    from bench.lab.runner import report_dir, run_matrix
 
     slo = parse_slo(args.slo)
     env = dict(item.split("=", 1) for item in args.env)
     name = args.name or _config_name(env)
     counts = args.connections
-    out_dir = _out_dir(args.out, "capacity")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    server_cores, generator_cores = split_cores(usable_cores())
-    configs: list[tuple[Config, Load]] = []
+    out_dir = report_dir(args.out, "capacity")
+    configs: list[Config] = []
     for n in counts:
         suffix = f" @{n}" if len(counts) > 1 else ""
-        load = Load(
-            connections=n,
-            room_size=args.room_size,
-            rates=(args.start_rate,),
-            step_s=args.step_s,
-            warmup_s=1.0,
-            locust_profile="",
+        load = climbing(
+            Load(
+                connections=n,
+                room_size=args.room_size,
+                step_s=args.step_s,
+                warmup_s=1.0,
+                locust_profile="",
+            ),
+            slo_ms=slo,
+            start_rate=args.start_rate,
+            factor=args.factor,
+            max_rate=args.max_rate,
+            resolution=args.resolution,
         )
-        configs.append((Config(name=name + suffix, env=env, locust=False), load))
+        configs.append(Config(name=name + suffix, env=env, locust=False, load=load))
         if not args.no_relay:
-            configs.append((Config(name="relay" + suffix, target="relay"), load))
-    results = Results(
-        matrix="capacity",
-        started=datetime.now().isoformat(timespec="seconds"),
-        command="python -m bench.lab " + " ".join(sys.argv[1:]),
-        baseline=configs[0][0].name,
-        aa_pair=[],
+            configs.append(Config(name="relay" + suffix, target="relay", load=load))
+    first_load = configs[0].load
+    assert first_load is not None
+    matrix = Matrix(
+        name="capacity",
+        description="python -m bench.lab capacity",
+        configs=tuple(configs),
+        baseline=configs[0].name,
+        aa_pair=None,
+        load=first_load,
         repeat=args.repeat,
-        machine={**machine_facts(), "server_cores": server_cores},
-        configs={c.name: {"target": c.target, "env": c.env} for c, _ in configs},
-        ceilings=_saved_ceilings(),
     )
     per_climb_s = 9 * (args.step_s + 3) + 10
     progress = Progress(
         len(configs) * args.repeat * per_climb_s, "capacity", enabled=not args.quiet
     )
-    lab = Lab(
-        out_dir,
-        args.repeat,
-        server_cores,
-        generator_cores,
-        progress=progress,
-        results=results,
-        auth_urls=args.auth_url,
-    )
     try:
-        lab.start_auth(max(20, max(counts) // args.room_size))
-        for repeat in range(args.repeat):  # interleaved: every configuration, then again
-            for config, load in configs:
-                started = time.monotonic()
-                run = climb(
-                    lab,
-                    config,
-                    load,
-                    slo_ms=slo,
-                    start_rate=args.start_rate,
-                    factor=args.factor,
-                    max_rate=args.max_rate,
-                    resolution=args.resolution,
-                    repeat=repeat,
-                )
-                results.runs.append(run)
-                results.save(out_dir / "results.json")
-                progress.done_run(run, time.monotonic() - started)
-                if lab.interrupted:
-                    raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        results.interrupted = True
+        results = run_matrix(
+            matrix,
+            args.repeat,
+            out_dir,
+            progress,
+            ceilings=_saved_ceilings(),
+            auth_urls=args.auth_url,
+            users=max(counts) // args.room_size,
+        )
     finally:
-        lab.close()
         progress.close()
-    capacity: dict[str, Any] = {"slo_ms": slo, "knees": _knees(results)}
+    capacity: dict[str, Any] = {"slo_ms": slo, "knees": knees(results)}
     if args.target_load:
-        first = capacity["knees"].get(configs[0][0].name)
+        first = capacity["knees"].get(configs[0].name)
         if first:
-            capacity["plan"] = plan(first["median_delivered_per_s"], args.target_load)
+            capacity["plan"] = capacity_plan(first["median_delivered_per_s"], args.target_load)
     results.capacity = capacity
     results.save(out_dir / "results.json")
     status = _finish(results, out_dir)
@@ -274,27 +233,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return status
 
 
-def _knees(results: Results) -> dict[str, dict[str, Any]]:
-    """Per configuration: the median, min and max knee over its repeats, and whether the
-    driver limited any of them (then the knee is a lower bound)."""
-    knees: dict[str, dict[str, Any]] = {}
-    for run in results.runs:
-        if not run.knee:
-            continue
-        entry = knees.setdefault(
-            run.config, {"delivered_per_s": [], "driver_limited": False, "lower_bound": False}
-        )
-        entry["delivered_per_s"].append(run.knee["capacity_delivered_per_s"])
-        entry["driver_limited"] |= bool(run.knee.get("driver_limited"))
-        entry["lower_bound"] |= bool(run.knee.get("lower_bound"))
-        entry["connections"] = run.knee.get("connections")
-    for entry in knees.values():
-        values = sorted(entry["delivered_per_s"])
-        entry["median_delivered_per_s"] = statistics.median(values)
-        entry["min_delivered_per_s"], entry["max_delivered_per_s"] = values[0], values[-1]
-    return knees
-
-
 #: ``ceiling --deflate``: which ceilings to measure, and the key each is saved under
 CEILING_VARIANTS = {"off": ("fast",), "on": ("fast+deflate",), "both": ("fast", "fast+deflate")}
 
@@ -307,21 +245,19 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
     has none), both ways compressed; when that relay breaks first the figure is a lower
     bound on the driver's own ceiling, and it says so.
     """
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
-    from bench.lab.capacity import climb, edge, parse_slo
+    from bench.lab.capacity import climbing, edge, parse_slo
+    from bench.lab.matrix import Matrix
     from bench.lab.progress import Progress
-    from bench.lab.runner import Lab, split_cores, usable_cores
+    from bench.lab.runner import report_dir, run_matrix
 
     slo = parse_slo(args.slo)
-    out_dir = _out_dir(args.out, "ceiling")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    server_cores, generator_cores = split_cores(usable_cores())
+    out_dir = report_dir(args.out, "ceiling")
     variants = CEILING_VARIANTS[args.deflate]
     progress = Progress(
         8 * (args.step_s + 4) * len(variants), "driver ceiling", enabled=not args.quiet
     )
-    lab = Lab(out_dir, 1, server_cores, generator_cores, progress=progress)
     relays = {
         "fast": Config(name="picows relay", target="relay", env={"TRANSPORT": "picows"}),
         "fast+deflate": Config(
@@ -330,22 +266,20 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
             env={"TRANSPORT": "websockets", "WS_DEFLATE": "on"},
         ),
     }
-    load = Load(connections=args.connections, step_s=args.step_s, warmup_s=1, locust_profile="")
-    runs = {}
+    load = climbing(
+        Load(connections=args.connections, step_s=args.step_s, warmup_s=1, locust_profile=""),
+        slo_ms=slo,
+        start_rate=args.start_rate,
+        factor=args.factor,
+        max_rate=args.max_rate,
+    )
+    configs = tuple(replace(relays[key], load=load) for key in variants)
+    matrix = Matrix("ceiling", "the fast driver's ceiling", configs, configs[0].name, None, load)
     try:
-        for key in variants:
-            runs[key] = climb(
-                lab,
-                relays[key],
-                load,
-                slo_ms=slo,
-                start_rate=args.start_rate,
-                factor=args.factor,
-                max_rate=args.max_rate,
-            )
+        results = run_matrix(matrix, 1, out_dir, progress)
     finally:
-        lab.close()
         progress.close()
+    runs = dict(zip(variants, results.runs, strict=False))
     ceilings = _saved_ceilings()
     status = 0
     for key, run in runs.items():
@@ -369,7 +303,7 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
         )
         print(
             f"{'fast driver' if key == 'fast' else 'fast driver with deflate'} ceiling at "
-            f"{args.connections:,} connections: {bound}{found['capacity_delivered_per_s']:,} "
+            f"{args.connections:,} connections: {bound}{found.capacity_delivered_per_s:,} "
             f"delivered/s at p99 {best.latency_ms['p99']:.1f} ms, driver CPU "
             f"{best.generator_cpu_percent or 0:.0f} % ({why})"
         )
@@ -530,7 +464,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if any(n % args.room_size for n in args.connections):
             parser.error("--connections must be multiples of --room-size")
         try:
-            from bench.lab.capacity import parse_slo
+            from bench.lab.results import parse_slo
 
             parse_slo(args.slo)
         except ValueError as exc:

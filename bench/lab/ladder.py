@@ -1,15 +1,18 @@
 """The capacity ladder: each configuration's knee over its repeats, and what may be claimed.
 
-A configuration climbed by the fast driver (``Run.knee``, :func:`bench.lab.results.edge`)
-has one knee per repeat: the highest delivered/s that held the SLO. This module turns them
-into rungs (median, min-max, whether the knee is only a lower bound), compares each rung
-with the baseline and with the relays, and writes the findings the report opens with.
+A configuration climbed by the fast driver has one knee per repeat
+(:class:`~bench.lab.results.Knee`, judged by :func:`~bench.lab.results.edge`): the highest
+delivered/s that held the SLO. :func:`rungs_of`, the lab's one summary of knees over
+repeats, turns them into rungs (median, min-max, whether the knee is only a lower bound);
+:func:`ladder` compares each rung with the baseline and with the relays, and
+:mod:`bench.lab.findings` writes from it the findings the report opens with.
 
 What may be claimed: a rung is better or worse than the baseline only when the difference
 holds in *every* repeat (repeat i against the baseline's repeat i) and exceeds the noise
 floor: the A/A pair's own difference when the matrix has one, else the largest
 repeat-to-repeat spread of any rung that is not a lower bound, and never less than the
-climb's resolution. Otherwise it is "not confirmed", with the reason. A knee that is a
+climb's resolution (a setting of each climb, read from the run: :func:`climb_resolution`).
+Otherwise it is "not confirmed", with the reason. A knee that is a
 lower bound (the driver was the limit, or nothing broke up to the climb's top rate) makes
 a "higher" claim a lower bound and a "lower" claim impossible.
 
@@ -32,10 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.lab.machine import BUSY, MachineLoad, MachineVerdict, is_busy, machine_verdict
-from bench.lab.results import Results, Run, Step, edge, parse_slo
+from bench.lab.matrix import Load
+from bench.lab.results import Knee, Results, Run, Step, climbed_steps, edge, parse_slo
 
-#: the climb's bisection resolution: two knees closer than this are not told apart
-RESOLUTION = 0.05
+#: the climb's bisection resolution where a run does not record its own (the default of
+#: the matrices' ``resolution`` and of ``capacity --resolution``)
+DEFAULT_RESOLUTION = Load.resolution
 #: a knee above this share of the driver's ceiling at its shape measures the driver too:
 #: it is labelled driver-limited and never ranked
 CEILING_SHARE = 0.8
@@ -207,6 +212,8 @@ class Ladder:
     relays: list[Rung]
     floor: float
     floor_source: str
+    # the climb's resolution in this run (:func:`climb_resolution`)
+    resolution: float = DEFAULT_RESOLUTION
     against_baseline: dict[str, Comparison] = field(default_factory=dict)
     against_relays: dict[str, dict[str, Comparison]] = field(default_factory=dict)
     # CPU µs per frame, per cost rate: its floor and source, and each chat rung against
@@ -230,43 +237,66 @@ class Ladder:
         return [r for r in self.rungs if r.target == "chat"]
 
 
-def rungs_of(results: Results) -> list[Rung]:
-    """The configurations that were climbed, in matrix order (runs that failed left out)."""
-    by_config: dict[str, list[Run]] = {}
+def climb_slo(results: Results, config: str) -> dict[str, float] | None:
+    """The SLO ``config`` climbed to (its load's ``climb``; None: not recorded)."""
+    load = results.configs.get(config, {}).get("load") or {}
+    climb = load.get("climb") if isinstance(load, dict) else None
+    return parse_slo(climb) if climb else None
+
+
+def climb_resolution(results: Results) -> float:
+    """The coarsest resolution any configuration's climb bisected to (its load's
+    ``resolution``, a setting; :data:`DEFAULT_RESOLUTION` where none is recorded): two
+    knees closer than this are not told apart."""
+    recorded = [
+        float(load["resolution"])
+        for described in results.configs.values()
+        if isinstance(load := described.get("load"), dict) and load.get("resolution")
+    ]
+    return max(recorded, default=DEFAULT_RESOLUTION)
+
+
+def rungs_of(results: Results, slo: dict[str, float] | None = None) -> list[Rung]:
+    """The configurations that were climbed, in matrix order (runs that failed left out):
+    each run's knee judged from its steps by this lab's rules (a results.json saved by an
+    older lab keeps its measurements; the verdicts are read again) under ``slo``, or the
+    SLO its configuration climbed to, or as the run recorded it where neither is known."""
+    by_config: dict[str, list[tuple[Run, Knee]]] = {}
     for run in results.runs:
-        if run.knee and run.status == "ok":
-            _rejudge(run, results)
-            by_config.setdefault(run.config, []).append(run)
+        if run.knee is None or run.status != "ok":
+            continue
+        judge_by = slo or climb_slo(results, run.config)
+        knee = edge(run, judge_by, run.knee.room_size) if judge_by else run.knee
+        by_config.setdefault(run.config, []).append((run, knee))
     rungs = []
-    for config, runs in by_config.items():
-        runs.sort(key=lambda r: r.repeat)
-        knees = [r.knee for r in runs]
+    for config, judged in by_config.items():
+        judged.sort(key=lambda pair: pair[0].repeat)
+        runs = [run for run, _ in judged]
+        knees = [knee for _, knee in judged]
         first = knees[0]
         rungs.append(
             Rung(
                 config=config,
                 target=runs[0].target,
                 runs=runs,
-                knees=[float(k["capacity_delivered_per_s"]) for k in knees],
-                lower_bound=any(k.get("lower_bound") for k in knees),
-                driver_limited=any(
-                    k.get("driver_limited", k.get("generator_limited_at_edge")) for k in knees
-                ),
-                connections=int(first.get("connections") or 0),
-                room_size=int(first.get("room_size") or 0),
-                body_chars=int(first.get("body_chars") or 0),
-                frame_bytes=int(first.get("frame_bytes") or 0),
-                deflate=bool(first.get("deflate")),
-                deflate_params=str(first.get("deflate_params") or ""),
-                reruns=sum(int(k.get("reruns") or 0) for k in knees),
-                stalled_steps=sum(int(k.get("stalled_steps") or 0) for k in knees),
+                knees=[float(k.capacity_delivered_per_s) for k in knees],
+                lower_bound=any(k.lower_bound for k in knees),
+                driver_limited=any(k.driver_limited for k in knees),
+                connections=first.connections,
+                room_size=first.room_size,
+                body_chars=first.body_chars,
+                frame_bytes=first.frame_bytes,
+                deflate=first.deflate,
+                deflate_params=first.deflate_params,
+                reruns=sum(k.reruns for k in knees),
+                stalled_steps=sum(k.stalled_steps for k in knees),
                 transport=runs[0].env.get("TRANSPORT", "websockets"),
                 same_as=str(results.configs.get(config, {}).get("same_as") or ""),
                 costs=_costs(runs),
-                busy=[_knee_busy(r) for r in runs],
+                busy=[_knee_busy(r, k) for r, k in judged],
                 driver_ceiling=_median_or_none([driver_ceiling(r) for r in runs]),
                 sustained=[_sustained(r) for r in runs],
-                step_s=max((s.duration_s for r in runs for s in _climbed(r)), default=0.0),
+                step_s=max((s.duration_s for r in runs for s in climbed_steps(r)), default=0.0),
                 relay_mode=runs[0].env.get("RELAY_MODE", ""),
             )
         )
@@ -294,15 +324,6 @@ def _costs(runs: list[Run]) -> dict[float, Cost]:
             wire_bytes=[s.wire_bytes_per_delivery if s is not None else None for s in steps],
         )
     return costs
-
-
-def _climbed(run: Run) -> list[Step]:
-    """The steps of ``run``'s climb (no cost, sustained or superseded step)."""
-    return [
-        s
-        for s in run.steps
-        if s.driver == "fast" and not s.superseded and not s.cost and not s.sustain
-    ]
 
 
 def _median_or_none(values: Sequence[float | None]) -> float | None:
@@ -352,44 +373,40 @@ def _sustained(run: Run) -> bool | None:
     return all(s.holds({"p99": 100.0}) for s in steps)
 
 
-def _knee_busy(run: Run) -> bool:
-    """Whether a step that decided ``run``'s knee (the best held, the first broken) was busy."""
-    climbed = _climbed(run)
-    knee = run.knee.get("capacity_delivered_per_s")
-    broke = run.knee.get("first_break_offered_per_s")
+def _knee_busy(run: Run, knee: Knee) -> bool:
+    """Whether a step that decided ``knee`` (the best held, the first broken) was busy."""
     deciding = [
         s
-        for s in climbed
-        if (knee and round(s.delivered_per_s) == knee and s.holds({"p99": 100.0}))
-        or (broke is not None and s.offered_per_s == broke)
+        for s in climbed_steps(run)
+        if (
+            knee.capacity_delivered_per_s
+            and round(s.delivered_per_s) == knee.capacity_delivered_per_s
+            and s.holds({"p99": 100.0})
+        )
+        or (
+            knee.first_break_offered_per_s is not None
+            and s.offered_per_s == knee.first_break_offered_per_s
+        )
     ]
     return any(is_busy(step_load(s)) for s in deciding)
 
 
-def _rejudge(run: Run, results: Results) -> None:
-    """Judge the run's climb from its steps with this lab's rules (a results.json saved by
-    an older lab keeps its measurements; the verdicts are read again), under the SLO its
-    configuration climbed to."""
-    load = results.configs.get(run.config, {}).get("load") or {}
-    climb = load.get("climb") if isinstance(load, dict) else None
-    if climb:
-        run.knee = {**run.knee, **edge(run, parse_slo(climb))}
-
-
 def noise_floor(rungs: list[Rung], results: Results) -> tuple[float, str]:
-    """The relative difference below which two knees are not told apart, and its source."""
+    """The relative difference below which two knees are not told apart, and its source;
+    never below the climb's resolution (:func:`climb_resolution`)."""
+    resolution = climb_resolution(results)
     by_name = {r.config: r for r in rungs}
     if len(results.aa_pair) >= 2 and all(n in by_name for n in results.aa_pair[:2]):
         a, b = (by_name[n] for n in results.aa_pair[:2])
         floor = pairwise_floor(a.knees, b.knees)
         if floor is not None and not (a.lower_bound or b.lower_bound):
-            return max(floor, RESOLUTION), f"the A/A pair ({a.config} = {b.config})"
+            return max(floor, resolution), f"the A/A pair ({a.config} = {b.config})"
     spreads = [(r.spread, r.config) for r in rungs if not r.lower_bound and len(r.knees) > 1]
     if spreads:
         spread, name = max(spreads)
-        if spread > RESOLUTION:
+        if spread > resolution:
             return spread, f"the largest repeat-to-repeat spread ({name})"
-    return RESOLUTION, "the climb's resolution (no rung moved more between repeats)"
+    return resolution, "the climb's resolution (no rung moved more between repeats)"
 
 
 def cost_floor(rungs: list[Rung], results: Results, rate: float) -> tuple[float, str] | None:
@@ -509,7 +526,7 @@ def ladder(results: Results) -> Ladder | None:
     if baseline is None:
         baseline = next((r for r in rungs if r.target == "chat"), None)
     relays = [r for r in rungs if r.target == "relay"]
-    found = Ladder(rungs, baseline, relays, floor, source)
+    found = Ladder(rungs, baseline, relays, floor, source, climb_resolution(results))
     found.machine = machine_verdict(
         step_load(s)
         for rung in rungs

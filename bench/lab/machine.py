@@ -14,7 +14,7 @@ was busy", apart from noise, and a report with busy steps opens by saying so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +142,20 @@ def read_host() -> HostTimes:
     """The host's counters now (``/proc/stat``)."""
     t = psutil.cpu_times()
     busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
-    return HostTimes(busy, getattr(t, "steal", 0.0))
+    return HostTimes(busy, steal_s() or 0.0)
+
+
+def steal_s(cores: Collection[int] | None = None) -> float | None:
+    """How long the hypervisor has run something else on ``cores`` (None: every core)
+    while this VM wanted them (steal time, ``/proc/stat``), in seconds, summed; None
+    where the kernel counts no steal. The one reading of steal: the lab's samplers,
+    its drivers' windows and ``bench.tail`` alike."""
+    if cores is None:
+        return getattr(psutil.cpu_times(), "steal", None)
+    per_cpu = psutil.cpu_times(percpu=True)
+    if not per_cpu or not hasattr(per_cpu[0], "steal"):
+        return None
+    return sum(per_cpu[core].steal for core in cores if 0 <= core < len(per_cpu))
 
 
 def process_cpu_s(proc: psutil.Process) -> float:

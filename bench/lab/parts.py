@@ -24,8 +24,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from bench.lab.ladder import climb_slo, rungs_of
 from bench.lab.plots import samples_during
-from bench.lab.results import Results, Run, Step, edge, parse_slo
+from bench.lab.results import Results, Run, Step, parse_slo
 from bench.lab.scaling import Check, Figure, Parts, fit_slope, random_spread
 
 
@@ -142,22 +143,16 @@ def cost_rate(results: Results, configs: list[str]) -> float | None:
 
 
 def knee_of(results: Results, config: str, slo_text: str, label: str) -> Figure | None:
-    """``config``'s knee under ``slo_text`` over its repeats (recomputed from its climbed
-    steps: a looser SLO than the climb's makes it a lower bound)."""
+    """``config``'s knee under ``slo_text`` over its repeats (the ladder's rung, judged
+    under that SLO: one looser than the climb's makes it a lower bound)."""
     slo = parse_slo(slo_text)
-    climbed_to = (results.configs.get(config, {}).get("load") or {}).get("climb") or ""
-    knees, lower = [], False
-    for run in _runs(results, config):
-        if not run.knee:
-            continue
-        found = edge(run, slo)
-        knees.append(float(found["capacity_delivered_per_s"]))
-        lower |= bool(found["lower_bound"])
-    if climbed_to:
-        climbed = parse_slo(climbed_to)
-        lower |= any(slo.get(k, 0) > v for k, v in climbed.items())
+    rung = next((r for r in rungs_of(results, slo) if r.config == config), None)
+    if rung is None:
+        return None
+    climbed = climb_slo(results, config) or {}
+    lower = rung.lower_bound or any(slo.get(k, 0) > v for k, v in climbed.items())
     figure = Figure.of(
-        knees,
+        rung.knees,
         "delivered/s",
         f"{label}, '{config}': fast-driver climb to {slo_text} (median of repeats)",
     )

@@ -131,6 +131,22 @@ def _spread(target: Target, processes: int) -> float:
     return random_spread(processes, target.room_size)
 
 
+#: processes planned beyond what the load needs: a lost one's users reconnect to the rest
+SPARE = 1
+
+
+def processes_at_knee(delivered_per_s: float, knee_per_process: float) -> int:
+    """The fewest processes, each held to ``knee_per_process`` delivered/s, that carry
+    ``delivered_per_s`` with every room on one process (spread 1: the least a frame
+    costs); 0 when nothing is delivered. The plan's chat tier starts from it, and
+    ``capacity --target-load`` plans with it alone (plus :data:`SPARE`)."""
+    if delivered_per_s <= 0:
+        return 0
+    if knee_per_process <= 0:
+        raise ValueError("no knee: the process held no load at the SLO")
+    return math.ceil(delivered_per_s / knee_per_process)
+
+
 def chat_processes_for_load(parts: Parts, target: Target) -> int:
     """The fewest chat processes whose delivered/s at the SLO reaches the target's, with
     rooms spread as ``target`` says over that many processes (0 when nothing is sent)."""
@@ -139,7 +155,7 @@ def chat_processes_for_load(parts: Parts, target: Target) -> int:
         return 0
     assert parts.knee is not None and parts.u1 is not None
     # at spread 1 a frame costs least: no fewer processes than this can carry the load
-    n = max(1, math.ceil(demand / parts.knee.value) - 1)
+    n = max(1, processes_at_knee(demand, parts.knee.value) - 1)
     while chat_delivered_per_s(parts, n, _spread(target, n), target.room_size) < demand:
         n += 1
         if n > MAX_PROCESSES:
@@ -171,7 +187,7 @@ def plan(parts: Parts, target: Target) -> Plan:
         by_connections = math.ceil(target.connections / per_process)
         by_load = chat_processes_for_load(parts, target)
         needed = max(by_connections, by_load, 1)
-        spread = _spread(target, needed + 1)
+        spread = _spread(target, needed + SPARE)
         figures |= {
             "connections_per_process_max": per_process,
             "processes_by_connections": by_connections,
@@ -196,7 +212,7 @@ def plan(parts: Parts, target: Target) -> Plan:
             Tier(
                 "chat processes",
                 needed,
-                needed + 1,
+                needed + SPARE,
                 decided,
                 (
                     f"knee, one process on Redis: {parts.knee.text()} ({parts.knee.source})",
@@ -240,7 +256,7 @@ def plan(parts: Parts, target: Target) -> Plan:
             Tier(
                 "auth replicas",
                 replicas,
-                replicas + 1,
+                replicas + SPARE,
                 f"logins/s: {target.logins_per_s:,.0f} at {per_replica:,.1f} per replica "
                 f"({target.auth_cores_per_replica:g} core(s) at {target.share:.0%})",
                 (

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+#: where a lab run writes its results and report, unless told: ``reports/<time>-<label>/``
+REPORTS_DIR = Path(__file__).resolve().parents[2] / "reports"
 #: the percentiles every latency summary carries, as keys of :attr:`Step.latency_ms`
 PERCENTILES = ("p50", "p90", "p95", "p99", "p999", "max")
 
@@ -212,6 +214,57 @@ class HostSample:
 
 
 @dataclass
+class KneeStep:
+    """One step of a climb as its knee names it."""
+
+    offered_per_s: float | None
+    delivered_per_s: float
+    p99_ms: float
+    holds: bool
+    generator_limited: bool = False
+
+
+@dataclass
+class Knee:
+    """What one climb found (:func:`edge`): the highest delivered/s that held the SLO, the
+    step that broke, whether the knee is only a lower bound, and the shape it was
+    measured at."""
+
+    config: str
+    capacity_delivered_per_s: float = 0
+    capacity_sent_per_s: float = 0
+    capacity_offered_per_s: float | None = None
+    p99_ms_at_capacity: float | None = None
+    first_break_offered_per_s: float | None = None
+    first_break_p99_ms: float | None = None
+    generator_limited_at_edge: bool = False
+    # nothing broke, or the driver explains the break: the knee lies higher
+    lower_bound: bool = False
+    # ... because the fast driver itself was the limit
+    driver_limited: bool = False
+    steps: list[KneeStep] = field(default_factory=list)
+    reruns: int = 0  # steps run again because they stalled
+    stalled_steps: int = 0
+    connections: int = 0
+    room_size: int = 0
+    body_chars: int = 0
+    frame_bytes: int = 0
+    deflate: bool = False
+    deflate_params: str = ""  # the server's Sec-WebSocket-Extensions reply
+    status: str = "ok"
+    error: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Knee:
+        """A knee from its JSON form (one saved before ``driver_limited`` was recorded
+        takes ``generator_limited_at_edge`` for it)."""
+        known = _known(cls, data)
+        known.setdefault("driver_limited", bool(data.get("generator_limited_at_edge")))
+        known["steps"] = [KneeStep(**_known(KneeStep, s)) for s in data.get("steps", [])]
+        return cls(**known)
+
+
+@dataclass
 class Run:
     """One configuration, started once: its settings, what each driver measured, its samples."""
 
@@ -237,9 +290,9 @@ class Run:
     # clock>, "ms": <duration>, ...}`` (gc events also carry ``generation``): what the
     # report names as the likely cause of a stalled second
     tail_events: list[dict[str, Any]] = field(default_factory=list)
-    # a capacity climb's result (:func:`bench.lab.capacity.edge`): the knee, the step that
-    # broke, whether the driver limited the edge; empty for fixed-rate runs
-    knee: dict[str, Any] = field(default_factory=dict)
+    # a climb's result as measured (:func:`edge`): the knee, the step that broke, whether
+    # the driver limited the edge; None for fixed-rate runs
+    knee: Knee | None = None
     profiles: list[str] = field(default_factory=list)  # snapshot paths, relative to the report
     # measured after the run on a server of its own (bench.lab.side): bytes on the wire
     # per delivered message, a row per body set (bench.wire's rows), and memory per
@@ -259,6 +312,7 @@ class Run:
             k: [Sample(**_known(Sample, s)) for s in v] for k, v in data.get("samples", {}).items()
         }
         data["host"] = [HostSample(**_known(HostSample, h)) for h in data.get("host", [])]
+        data["knee"] = Knee.from_dict(data["knee"]) if data.get("knee") else None
         return cls(**data)
 
 
@@ -304,15 +358,20 @@ class Results:
         tmp.replace(path)
 
 
-def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
-    """What a climb found: the highest delivered rate that held, the step that broke, and
-    the shape it was measured at (a step the climb ran again, ``superseded``, is left out;
-    Locust steps are not part of a climb)."""
-    climbed = [
+def climbed_steps(run: Run) -> list[Step]:
+    """The steps of ``run``'s climb: the fast driver's, less a step the climb ran again
+    (``superseded``), its cost steps and its sustained step."""
+    return [
         s
         for s in run.steps
         if s.driver == "fast" and not s.superseded and not s.cost and not s.sustain
     ]
+
+
+def edge(run: Run, slo_ms: dict[str, float], room_size: int = 0) -> Knee:
+    """What a climb found under ``slo_ms``: the highest delivered rate that held, the step
+    that broke, and the shape it was measured at (:func:`climbed_steps` only)."""
+    climbed = climbed_steps(run)
     held = [s for s in climbed if s.holds(slo_ms)]
     broken = [s for s in climbed if not s.holds(slo_ms)]
     best = max(held, key=lambda s: s.delivered_per_s, default=None)
@@ -328,43 +387,45 @@ def edge(run: Run, slo_ms: dict[str, float]) -> dict[str, Any]:
             and first_break.delivered >= first_break.expected
         )
     )
-    return {
-        "config": run.config,
-        "capacity_delivered_per_s": round(best.delivered_per_s) if best else 0,
-        "capacity_sent_per_s": round(best.sent_per_s) if best else 0,
-        "capacity_offered_per_s": best.offered_per_s if best else None,
-        "p99_ms_at_capacity": best.latency_ms["p99"] if best else None,
-        "first_break_offered_per_s": first_break.offered_per_s if first_break else None,
-        "first_break_p99_ms": first_break.latency_ms["p99"] if first_break else None,
-        "generator_limited_at_edge": bool(
+    first = climbed[0] if climbed else None
+    return Knee(
+        config=run.config,
+        capacity_delivered_per_s=round(best.delivered_per_s) if best else 0,
+        capacity_sent_per_s=round(best.sent_per_s) if best else 0,
+        capacity_offered_per_s=best.offered_per_s if best else None,
+        p99_ms_at_capacity=best.latency_ms["p99"] if best else None,
+        first_break_offered_per_s=first_break.offered_per_s if first_break else None,
+        first_break_p99_ms=first_break.latency_ms["p99"] if first_break else None,
+        generator_limited_at_edge=bool(
             (first_break and first_break.generator_limited) or (best and best.generator_limited)
         ),
         # the knee is only a lower bound when nothing broke, or the driver explains the
         # break: it was saturated, or its own send lag alone could have broken the SLO
-        "lower_bound": first_break is None or break_by_driver,
-        "driver_limited": break_by_driver
+        lower_bound=first_break is None or break_by_driver,
+        driver_limited=break_by_driver
         or bool(first_break is None and best is not None and best.generator_saturated),
-        "steps": [
-            {
-                "offered_per_s": s.offered_per_s,
-                "delivered_per_s": round(s.delivered_per_s),
-                "p99_ms": s.latency_ms["p99"],
-                "holds": s.holds(slo_ms),
-                "generator_limited": s.generator_limited,
-            }
+        steps=[
+            KneeStep(
+                offered_per_s=s.offered_per_s,
+                delivered_per_s=round(s.delivered_per_s),
+                p99_ms=s.latency_ms["p99"],
+                holds=s.holds(slo_ms),
+                generator_limited=s.generator_limited,
+            )
             for s in sorted(climbed, key=lambda s: s.offered_per_s or 0)
         ],
-        "reruns": sum(1 for s in climbed if s.rerun),
-        "stalled_steps": sum(
+        reruns=sum(1 for s in climbed if s.rerun),
+        stalled_steps=sum(
             1
             for s in run.steps
             if s.driver == "fast" and not s.cost and not s.sustain and s.stall_s
         ),
-        "connections": climbed[0].connections if climbed else 0,
-        "body_chars": climbed[0].body_chars if climbed else 0,
-        "frame_bytes": climbed[0].frame_bytes if climbed else 0,
-        "deflate": bool(climbed and climbed[0].deflate),
-        "deflate_params": climbed[0].deflate_params if climbed else "",
-        "status": run.status,
-        "error": run.error,
-    }
+        connections=first.connections if first else 0,
+        room_size=room_size,
+        body_chars=first.body_chars if first else 0,
+        frame_bytes=first.frame_bytes if first else 0,
+        deflate=bool(first and first.deflate),
+        deflate_params=first.deflate_params if first else "",
+        status=run.status,
+        error=run.error,
+    )

@@ -22,17 +22,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 
-from bench.lab.matrix import MatrixError, available, load_matrix, runnable
+from bench.lab.matrix import MatrixError, available, load_matrix
 from bench.lab.plan import DEFAULT_PROCESS_MEMORY_GIB, DEFAULT_SHARE, Target, plan, plan_markdown
-from bench.lab.results import Results, parse_slo
-from chatlab.harness import ROOT
+from bench.lab.results import REPORTS_DIR, Results, parse_slo
 
 log = logging.getLogger("bench.lab")
 
-REPORTS_DIR = ROOT / "reports"
 SCALING_MATRIX = "scaling"
 #: the command that measures the parts, as the plan names it when it has none
 MEASURE_COMMAND = "python -m bench.lab scaling"
@@ -77,25 +74,12 @@ def bytes_per_connection(connections: int) -> float:
 def cmd_scaling(args: argparse.Namespace) -> int:
     """Run the scaling matrix and the side measurements; write the report."""
     from bench.lab.progress import Progress
-    from bench.lab.runner import run_matrix
+    from bench.lab.runner import matrix_to_run, report_dir, run_matrix, start_when_quiet
 
-    matrix, skipped = runnable(load_matrix(args.matrix))
-    for name, reason in skipped.items():
-        print(f"lab: skipping {name!r}: {reason}", file=sys.stderr)
+    matrix, skipped = matrix_to_run(args.matrix)
     repeat = args.repeat or matrix.repeat
-    out_dir = (
-        Path(args.out)
-        if args.out
-        else (REPORTS_DIR / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{matrix.name}")
-    )
-    if args.wait_quiet_s > 0:
-        from bench.lab.machine import wait_for_quiet
-
-        before = wait_for_quiet(
-            args.wait_quiet_s, lambda text: print(f"lab: {text}", file=sys.stderr, flush=True)
-        )
-        if before.busy:
-            log.warning("starting on a busy machine: %s", before.sentence())
+    out_dir = report_dir(args.out, matrix.name)
+    start_when_quiet(args.wait_quiet_s, quiet=args.quiet)
     side_s = repeat * (LOGINS_DURATION_S + 15)
     progress = Progress(
         matrix.estimate_s(repeat) + side_s, f"lab {matrix.name} x{repeat}", enabled=not args.quiet

@@ -27,7 +27,6 @@ Control frames are never compressed (RFC 7692 6.1).
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Iterable, Sequence
 
@@ -35,6 +34,8 @@ from websockets.exceptions import InvalidHeaderFormat, NegotiationError
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.headers import build_extension, parse_extension
 from websockets.typing import ExtensionParameter
+
+from chat_server.transport.frames import frame_header
 
 __all__ = [
     "EXTENSION_NAME",
@@ -67,7 +68,6 @@ TAIL = b"\x00\x00\xff\xff"
 _FACTORY = ServerPerMessageDeflateFactory(
     server_no_context_takeover=True, client_no_context_takeover=True
 )
-_FIN_RSV1 = 0b1100_0000
 
 
 class InflatedTooBig(Exception):
@@ -132,13 +132,7 @@ class SharedCompressor:
 
 def deflated_frame(opcode: int, compressed: bytes) -> bytes:
     """One unmasked, final websocket data frame carrying a compressed message (RSV1 set)."""
-    length = len(compressed)
-    head = _FIN_RSV1 | opcode
-    if length < 126:
-        return struct.pack("!BB", head, length) + compressed
-    if length < 65536:
-        return struct.pack("!BBH", head, 126, length) + compressed
-    return struct.pack("!BBQ", head, 127, length) + compressed
+    return frame_header(opcode, len(compressed), compressed=True) + compressed
 
 
 class MessageInflater:

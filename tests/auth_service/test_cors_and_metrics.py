@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.lab.runner import scrape_metrics
+from bench.lab.scrape import scrape_metrics
 from chatlab.harness import AuthProcess, http_request
 
 PAGE = "http://127.0.0.1:8000"

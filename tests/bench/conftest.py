@@ -118,7 +118,7 @@ def _run(config: str, repeat: int, off_by: float, broke_at_2000: bool) -> Run:
         for rate, p99 in ((3000.0, 20.0), (top, 60.0), (top * 1.6, 400.0)):
             steps.append(_step(rate, p99, started_s=t, cost=False, chat_us_frame=10.0))
             t += WINDOW_S + 1
-        run.knee = {**edge(run, {"p99": 100.0}), "room_size": ROOM}
+        run.knee = edge(run, {"p99": 100.0}, ROOM)
     return run
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.lab.capacity import edge, parse_slo, plan
+from bench.lab.capacity import capacity_plan, edge, parse_slo
 from bench.lab.matrix import MatrixError, available, load_matrix
-from bench.lab.results import Results, Run, Step
+from bench.lab.results import Knee, Results, Run, Step
 from chatlab.harness import ROOT
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -273,17 +273,31 @@ def test_capacity_is_the_highest_delivered_rate_that_held_the_slo() -> None:
         _step(2800, 28_000, 60),  # the refinement step held
     ]
     found = edge(run, slo)
-    assert found["capacity_delivered_per_s"] == 28_000
-    assert found["first_break_offered_per_s"] == 4000
-    assert [s["holds"] for s in found["steps"]] == [True, True, True, False]
+    assert found.capacity_delivered_per_s == 28_000
+    assert found.first_break_offered_per_s == 4000
+    assert [s.holds for s in found.steps] == [True, True, True, False]
     # a lost message breaks the SLO whatever the latency
     run.steps = [_step(1000, 10_000, 5, lost=1)]
-    assert edge(run, slo)["capacity_delivered_per_s"] == 0
+    assert edge(run, slo).capacity_delivered_per_s == 0
+
+
+def test_a_knee_saved_by_an_older_lab_reads_back_typed() -> None:
+    saved = {
+        "config": "c",
+        "capacity_delivered_per_s": 9000,
+        "generator_limited_at_edge": True,  # before driver_limited was recorded
+        "steps": [{"offered_per_s": 900.0, "delivered_per_s": 9000, "p99_ms": 5.0, "holds": True}],
+    }
+    run = Run.from_dict({"config": "c", "repeat": 0, "target": "chat", "env": {}, "knee": saved})
+    assert isinstance(run.knee, Knee)
+    assert run.knee.driver_limited and run.knee.capacity_delivered_per_s == 9000
+    assert run.knee.steps[0].holds and run.knee.steps[0].offered_per_s == 900.0
+    assert Run.from_dict({"config": "c", "repeat": 0, "target": "chat", "env": {}}).knee is None
 
 
 def test_capacity_plan_adds_one_instance_for_redundancy() -> None:
-    assert plan(28_000, 100_000)["instances"] == 5  # ceil(3.57) = 4, plus one
-    assert plan(28_000, 28_000)["instances"] == 2
+    assert capacity_plan(28_000, 100_000)["instances"] == 5  # ceil(3.57) = 4, plus one
+    assert capacity_plan(28_000, 28_000)["instances"] == 2
 
 
 def test_slo_text_is_parsed_or_refused() -> None:

@@ -52,7 +52,7 @@ def _step(
 def _run(config: str, repeat: int, steps: list[Step], env: dict[str, str]) -> Run:
     target = "relay" if config.startswith("relay") else "chat"
     run = Run(config=config, repeat=repeat, target=target, env=env, steps=steps)
-    run.knee = {**edge(run, SLO), "room_size": 10}
+    run.knee = edge(run, SLO, 10)
     return run
 
 
@@ -116,7 +116,8 @@ def test_a_knee_is_a_bursts_unless_a_sustained_step_held_it() -> None:
     held = _run("a", 0, [*climb, _step(1800, 40, sustain=True)], {})
     lost = _run("a", 1, [*climb, _step(1800, 400, sustain=True)], {})
     # a sustained step is never part of the climb: the knee is the climb's
-    assert held.knee["capacity_delivered_per_s"] == lost.knee["capacity_delivered_per_s"] == 20_000
+    assert held.knee is not None and lost.knee is not None
+    assert held.knee.capacity_delivered_per_s == lost.knee.capacity_delivered_per_s == 20_000
     found = ladder(_results([held, lost]))
     assert found is not None
     (rung,) = found.rungs

@@ -96,7 +96,7 @@ def _run(config: str, repeat: int, *, busy: bool = False) -> Run:
     steps += [_step(knee / 2, 10, cost_us=5), _step(knee, 40, cost_us=5)]
     steps.append(_step(knee * 1.05, 400, cost_us=5))
     run = Run(config=config, repeat=repeat, target=target, env=ENV[config], steps=steps)
-    run.knee = {**edge(run, SLO), "room_size": 10}
+    run.knee = edge(run, SLO, 10)
     return run
 
 

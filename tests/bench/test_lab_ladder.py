@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from bench.lab.findings import findings
 from bench.lab.ladder import compare, ladder, noise_floor, rungs_of
 from bench.lab.report import summary_table, write_report
-from bench.lab.results import Results, Run, Step, TimePoint, edge
+from bench.lab.results import Knee, Results, Run, Step, TimePoint, edge
 from tests.support import CHROMIUM, chromium_dom
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -66,7 +67,7 @@ def _climb(config: str, target: str, repeat: int, knee: float, *, limited: bool 
     if not limited:
         steps.append(_step(knee * 1.05, 400))
     run = Run(config=config, repeat=repeat, target=target, env={}, steps=steps)
-    run.knee = {**edge(run, SLO), "room_size": 10}
+    run.knee = edge(run, SLO, 10)
     return run
 
 
@@ -153,6 +154,16 @@ def test_the_noise_floor_is_the_aa_pair_when_there_is_one():
     assert floor == pytest.approx(0.15) and "A/A pair" in source
 
 
+def test_the_noise_floor_is_never_below_the_resolution_the_run_climbed_to():
+    results = _results(KNEES)  # every rung moved 5 % or less between its repeats
+    for name in results.configs:
+        results.configs[name]["load"] = {"climb": "p99=100", "resolution": 0.3}
+    floor, source = noise_floor(rungs_of(results), results)
+    assert floor == pytest.approx(0.3) and "resolution" in source
+    found = ladder(results)
+    assert found is not None and found.resolution == pytest.approx(0.3)
+
+
 def test_findings_say_what_held_what_differed_and_what_is_not_confirmed():
     found = ladder(_results(KNEES))
     assert found is not None
@@ -179,7 +190,7 @@ def test_the_terminal_summary_of_climbs_alone_is_the_ladder():
 def test_nothing_climbed_means_no_ladder():
     results = _results(KNEES)
     for run in results.runs:
-        run.knee = {}
+        run.knee = None
     assert ladder(results) is None
 
 
@@ -188,7 +199,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     out = tmp_path_factory.mktemp("ladder-report")
     results = _results(KNEES)
     results.runs[0].steps[1].stall_s = [1.0]
-    results.runs[0].knee = {**edge(results.runs[0], SLO), "room_size": 10}
+    results.runs[0].knee = edge(results.runs[0], SLO, 10)
     md_path, html_path = write_report(results, out)
     return out, md_path.read_text(), html_path.read_text()
 
@@ -228,26 +239,26 @@ def test_the_page_fits_1280_px_and_every_image_loads(
 
 
 def test_a_break_is_the_drivers_only_when_it_was_saturated_or_its_lag_explains_it():
-    def knee(broken: Step) -> dict[str, object]:
+    def knee(broken: Step) -> Knee:
         run = Run(config=BASE, repeat=0, target="chat", env={}, steps=[_step(1000, 20), broken])
         return edge(run, SLO)
 
     # sends behind schedule near the knee (the target's bursts), p99 far past the bound
     late = _step(1100, 400)
     late.generator_limited, late.max_send_lag_ms = True, 9.0
-    assert knee(late)["lower_bound"] is False and knee(late)["driver_limited"] is False
+    assert knee(late).lower_bound is False and knee(late).driver_limited is False
     # just past the bound, a little lag, but nothing flagged the driver: the target's break
     edge_case = _step(1100, 104)
     edge_case.max_send_lag_ms = 5.8
-    assert knee(edge_case)["lower_bound"] is False
+    assert knee(edge_case).lower_bound is False
     # the same break, but the driver's own lag alone could have made it
     lagging = _step(1100, 120)
     lagging.generator_limited, lagging.max_send_lag_ms = True, 60.0
-    assert knee(lagging)["lower_bound"] is True and knee(lagging)["driver_limited"] is True
+    assert knee(lagging).lower_bound is True and knee(lagging).driver_limited is True
     # the driver's core was full
     saturated = _step(1100, 400, limited=True)
-    assert knee(saturated)["lower_bound"] is True
-    assert knee(saturated)["capacity_delivered_per_s"] == 10000
+    assert knee(saturated).lower_bound is True
+    assert knee(saturated).capacity_delivered_per_s == 10000
 
 
 def test_a_saved_climb_is_judged_again_by_the_current_rules():
@@ -255,10 +266,11 @@ def test_a_saved_climb_is_judged_again_by_the_current_rules():
     for name in results.configs:
         results.configs[name]["load"] = {"climb": "p99=100"}
     stale = results.runs[0]
-    stale.knee = {**stale.knee, "lower_bound": True, "driver_limited": True}  # an older verdict
+    assert stale.knee is not None
+    stale.knee = replace(stale.knee, lower_bound=True, driver_limited=True)  # an older verdict
     found = ladder(results)
     assert found is not None and found.baseline is not None
-    assert not found.baseline.lower_bound and stale.knee["lower_bound"] is False
+    assert not found.baseline.lower_bound and not found.baseline.driver_limited
 
 
 def test_a_sweep_over_connection_counts_shows_how_the_verdict_moves(tmp_path: Path):
@@ -269,7 +281,7 @@ def test_a_sweep_over_connection_counts_shows_how_the_verdict_moves(tmp_path: Pa
             run = _climb(name, results.configs[name]["target"], repeat, knees[repeat])
             for step in run.steps:
                 step.connections = 200
-            run.knee = {**edge(run, SLO), "room_size": 10}
+            run.knee = edge(run, SLO, 10)
             results.runs.append(run)
     md_path, _ = write_report(results, tmp_path)
     md = md_path.read_text()

@@ -89,7 +89,7 @@ def _results() -> Results:
                 _step(16000, 400, name, repeat),
             ]
             run = Run(name, repeat, "chat", {"WS_DEFLATE": deflate}, steps=steps)
-            run.knee = {**edge(run, SLO), "room_size": 10}
+            run.knee = edge(run, SLO, 10)
             if name == "two workers":
                 run.side_skipped = "WORKERS > 1: bench.memory reads one process' memory"
             else:

@@ -26,8 +26,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from bench.lab.runner import RelayProcess
-from bench.relay_base import MAX_OUTBOUND_BYTES, frame_header
+from bench.lab.target import RelayProcess
+from bench.relay_base import MAX_OUTBOUND_BYTES
+from chat_server.transport.frames import frame_header
 from tests.support import running_relay
 
 #: (transport, mode) of every relay; the floor relays first
@@ -190,6 +191,14 @@ async def test_a_member_too_far_behind_is_closed_1013(relay: str) -> None:
     await sender.close()
 
 
+def test_a_relay_that_never_starts_fails_the_launch_with_its_own_words() -> None:
+    with (
+        pytest.raises(RuntimeError, match="the picows relay has no permessage-deflate"),
+        running_relay("picows", deflate="on"),
+    ):
+        pass
+
+
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 65535, 65536, 2**20])
 def test_frame_header_is_websockets_framing(size: int) -> None:
     from websockets.frames import Frame, Opcode
@@ -197,6 +206,8 @@ def test_frame_header_is_websockets_framing(size: int) -> None:
     for opcode in (Opcode.TEXT, Opcode.BINARY):
         payload = b"x" * size
         assert frame_header(opcode, size) + payload == Frame(opcode, payload).serialize(mask=False)
+        plain, compressed = frame_header(opcode, size), frame_header(opcode, size, compressed=True)
+        assert compressed == bytes([plain[0] | 0x40]) + plain[1:]  # RSV1: permessage-deflate
 
 
 def test_the_lab_starts_a_relay_in_the_mode_its_configuration_names(tmp_path: Path) -> None:

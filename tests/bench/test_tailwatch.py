@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 
-from bench.lab.runner import scrape_metrics
+from bench.lab.scrape import scrape_metrics
 from bench.lab.tailwatch import TailWatch, likely_cause, tail_events
 from chat_server.messages import Ack, Message, Send, Welcome
 from chatlab.harness import KeyPair, ServerProcess, free_port

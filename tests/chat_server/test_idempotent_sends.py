@@ -143,6 +143,10 @@ async def _fault_then_retry(
     restarted = start_server(
         workdir=server.workdir, event_loop="uvloop", chat_db=server.env["CHAT_DB"], **NO_LIMITS
     )
+    # the README's promise: on a restart with history, too, the first line names the toggles
+    first, *rest = restarted.log().splitlines()
+    assert "chat_server listening on ws://" in first, restarted.log()
+    assert any("remembering" in line and "sends with a ref" in line for line in rest), rest
     again = await _joined(restarted, keys, "alice")
     for ref in refs:  # every send, the acked ones too
         await again.say(ROOM, f"body of {ref}", ref=ref)

@@ -89,6 +89,16 @@ def _run(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProc
     )
 
 
+def test_a_misspelt_setting_in_the_environment_starts_with_a_warning_naming_it(
+    tmp_path: Path, keys: KeyPair
+):
+    env = {"JWT_PUBLIC_KEY": str(keys.public_path), "SERIALISER": "json"}
+    result = _run(env, tmp_path, "--check")
+    assert result.returncode == 0, result.stderr
+    assert "SERIALISER is not a setting (ignored); did you mean SERIALIZER?" in result.stderr
+    assert "serializer=orjson" in result.stdout  # the default, not the misspelt value
+
+
 @pytest.mark.parametrize("name", BAD_VALUES)
 def test_bad_value_exits_2_naming_the_variable(name: str, tmp_path: Path, keys: KeyPair):
     env = {"JWT_PUBLIC_KEY": str(keys.public_path), name: BAD_VALUES[name]}

@@ -6,6 +6,7 @@ rules themselves, in-process, for every setting of both.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,15 @@ import pytest
 from auth_service.settings import SPECS as AUTH_SPECS
 from chat_server.settings import SPECS as CHAT_SPECS
 from chatlab import setting_names
-from chatlab.settings import Choice, SettingError, Spec, Switch, read_env_file, read_environment
+from chatlab.settings import (
+    Choice,
+    SettingError,
+    Spec,
+    Switch,
+    read_env_file,
+    read_environment,
+    warn_misspelt_environment,
+)
 
 ALL_SPECS = CHAT_SPECS + AUTH_SPECS
 
@@ -50,6 +59,41 @@ def test_keys_of_other_tools_and_every_known_name_pass(tmp_path: Path):
     values = read_env_file(env_file)
     assert values["COMPOSE_PROJECT_NAME"] == "chat"
     assert values["SERIALIZER"] == "orjson"
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("SERIALISER", "SERIALIZER"),  # one letter changed
+        ("serializer", "SERIALIZER"),  # case
+        ("SERIALIZR", "SERIALIZER"),  # one dropped
+        ("SERIALIZERR", "SERIALIZER"),  # one added
+        ("SERIALIZRE", "SERIALIZER"),  # two neighbours swapped
+        ("AUTH_PROT", "AUTH_PORT"),  # an auth setting
+        ("TOKEN_TTL", None),  # two edits: "_S" dropped
+        ("BROWSER", None),  # two edits from BROKER: another tool's
+        ("REDIS_HOST", None),
+        ("PATH", None),
+        ("SERIALIZER", None),  # known
+    ],
+)
+def test_an_environment_name_one_edit_from_a_setting_is_taken_for_its_typo(
+    name: str, meant: str | None
+):
+    assert setting_names.one_edit_from(name) == meant
+
+
+def test_a_misspelt_setting_in_the_environment_is_warned_about_not_refused(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)  # no .env here
+    environ = {"SERIALISER": "json", "SERIALIZER": "orjson", "HOME": "/root", "BROWSER": "x"}
+    with caplog.at_level(logging.WARNING):
+        warn_misspelt_environment(logging.getLogger("test"), environ)
+    assert [r.getMessage() for r in caplog.records] == [
+        "environment variable SERIALISER is not a setting (ignored); did you mean SERIALIZER?"
+    ]
+    assert read_environment(environ, None)["SERIALIZER"] == "orjson"  # not refused
 
 
 def test_a_named_env_file_must_exist_and_a_missing_default_is_fine(

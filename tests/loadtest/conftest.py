@@ -10,17 +10,15 @@ import csv
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chatlab.harness import FAST_ARGON2, ROOT, AuthProcess, free_port
+from chatlab.harness import FAST_ARGON2, ROOT, AuthProcess
+from tests.support import running_relay
 
 #: ``locust -f loadtest/chat.py``, as a command line
 LOCUST = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "chat.py")]
@@ -47,22 +45,8 @@ def auth(tmp_path: Path) -> Iterator[AuthProcess]:
 @pytest.fixture
 def relay_url() -> Iterator[str]:
     """A running ``python -m bench.relay`` on a free port; its websocket URL."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.relay", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            time.sleep(0.05)
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with running_relay("websockets") as url:
+        yield url
 
 
 def run_command(

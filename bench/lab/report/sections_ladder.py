@@ -7,7 +7,6 @@ from pathlib import Path
 
 from bench.lab.findings import findings, floor_fraction
 from bench.lab.ladder import (
-    RESOLUTION,
     Comparison,
     Ladder,
     Rung,
@@ -53,7 +52,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
             "Each configuration's knee: the highest delivered messages/s whose fan-out p99 "
             "stayed under the SLO with nothing lost, found by the fast driver's climb "
             "(multiply the offered rate while it holds, then bisect to within "
-            f"{RESOLUTION * 100:.0f} %). A difference is claimed only when it holds in every "
+            f"{found.resolution * 100:.0f} %). A difference is claimed only when it holds in every "
             f"repeat and exceeds the noise floor, here {floor_text(found.floor)} "
             f"({found.floor_source}), on a quiet machine; otherwise it reads "
             '"not confirmed" with the reason. '
@@ -126,7 +125,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
     )
     groups = by_connections(found)
     if len(groups) > 1:
-        blocks += _sweep(groups)
+        blocks += _sweep(groups, found.resolution)
     for rung in found.rungs:
         blocks.append(Heading(3, f"Climb: {rung.config}"))
         steps = [
@@ -320,8 +319,9 @@ def _claim(comparison: Comparison) -> str:
     return f"({comparison.verdict}, confirmed)"
 
 
-def _sweep(groups: dict[int, list[Rung]]) -> list[Block]:
-    """How the verdict moves with the connection count: each count's knees and ratios."""
+def _sweep(groups: dict[int, list[Rung]], resolution: float) -> list[Block]:
+    """How the verdict moves with the connection count: each count's knees and ratios
+    (told apart by the climb's ``resolution``)."""
     blocks: list[Block] = [
         Heading(3, "The shape is part of the result: by connection count"),
         Para(
@@ -335,7 +335,7 @@ def _sweep(groups: dict[int, list[Rung]]) -> list[Block]:
         relays = [r for r in rungs if r.target == "relay"]
         for chat in chats:
             ratios = [
-                f"{compare(chat, relay, RESOLUTION).ratio_text()} of {relay.config}"
+                f"{compare(chat, relay, resolution).ratio_text()} of {relay.config}"
                 for relay in relays
             ]
             rows.append([f"{count:,}", chat.config, chat.label(), "; ".join(ratios) or EMPTY])
