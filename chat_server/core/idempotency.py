@@ -90,11 +90,12 @@ class RecentSends:
 
     def committed(self, message: Message) -> list[Any]:
         """The send was stored (its ``seq`` is set); returns the repeats that waited for it."""
-        record = self._in_flight.pop(key_of(message), None)
+        key = key_of(message)
+        record = self._in_flight.pop(key, None)
         if record is None:
             return []
         record.seq = message.seq
-        self._settle(key_of(message), record)
+        self._settle(key, record)
         waiting, record.waiting = record.waiting, None
         return waiting or []
 
