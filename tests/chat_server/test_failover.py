@@ -473,8 +473,11 @@ async def test_a_burst_of_reads_waits_its_turn_and_never_refuses_anyone_elses_se
     taken for "Redis is down"), while another client on the same process is acked every
     send."""
     room = "burst"
+    # a 50 ms wait: long enough that the burst's first read gets the turn even when a lease
+    # renewal holds it on a loaded machine (at 10 ms a full-suite run saw all 300 refused),
+    # far shorter than 300 reads queued behind one turn
     server = start_workers(
-        start_server, fresh_cluster, redis_node_connections=1, redis_pool_wait_s=0.01
+        start_server, fresh_cluster, redis_node_connections=1, redis_pool_wait_s=0.05
     )
     reader, pid = await connect_to(server, keys, "reader")
     honest, _ = await connect_to(server, keys, "honest", on=pid)
