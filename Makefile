@@ -20,7 +20,7 @@ talk: setup
 	$(PY) scripts/demo.py
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 

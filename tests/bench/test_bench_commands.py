@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,13 @@ from chatlab.harness import ROOT
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    # not as an xdist worker: pytest-benchmark disables itself under xdist, and a pytest
+    # run from here would take this process's PYTEST_XDIST_* for its own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     return subprocess.run(
         [sys.executable, "-m", *args],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         check=False,
