@@ -435,9 +435,11 @@ class Session:
             if ref not in self.pending_acks:
                 self.pending_acks[ref] = int(body[: body.index("|")])
             frame = self.codec.encode_client(Send(room=self.room, body=body, ref=ref))
-            self.conn.send(frame, self._text)
+            # counted before it goes: its ack is read on the receiving thread, which may
+            # see it before this one returns from send (and would not count it a retry's)
             self.retried.add(ref)
             self.ledger.retried += 1
+            self.conn.send(frame, self._text)
 
     def unacked_sends(self) -> dict[str, str]:
         """The bodies of the sends this session never saw acked, by ref."""
