@@ -37,11 +37,10 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio.client import PubSub
-from redis.crc import key_slot
 from redis.exceptions import MovedError, RedisError, ResponseError
 
 from chat_server.errors import BrokerUnavailable
-from chat_server.redis_nodes import Topology
+from chat_server.redis_nodes import Topology, slot_of
 from chat_server.redis_rooms import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -352,7 +351,7 @@ class ShardedSubscriptions:
         """``node`` serves ``slot`` now: subscribe its rooms still waiting here there."""
         for room in list(link.rooms):
             sub = self._rooms[room]
-            if not sub.confirmed and key_slot(sub.channel.encode()) == slot:
+            if not sub.confirmed and slot_of(sub.channel) == slot:
                 self._move(room, sub, node)
         self.check()
 
