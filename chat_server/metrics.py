@@ -113,6 +113,17 @@ SHORT_OF_REPLICAS = (
     "Redis primaries whose last commit was confirmed on fewer replicas than"
     " REDIS_ACK_REPLICAS asks: their rooms' sends are answered unavailable until they have them",
 )
+UNREACHABLE_PRIMARIES = (
+    "chat_redis_primaries_unreachable",
+    "Redis primaries this process takes for unreachable (a commit or read unanswered in time,"
+    " a connection refused): their rooms' sends are answered unavailable until a probe finds"
+    " them back",
+)
+NODE_BUSY = (
+    "chat_redis_node_busy",
+    "requests answered unavailable because their Redis node had REDIS_NODE_CONNECTIONS of"
+    " this process's requests in flight for the whole REDIS_POOL_WAIT_S",
+)
 # the SQLite history store's (one process: WORKERS > 1 keeps history in Redis)
 WAL_FILE_BYTES = (
     "chat_wal_file_bytes",
@@ -247,6 +258,10 @@ class ChatCollector:
         yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
         if store.get("primaries_short_of_replicas") is not None:
             yield GaugeMetricFamily(*SHORT_OF_REPLICAS, value=store["primaries_short_of_replicas"])
+        if store.get("primaries_unreachable") is not None:
+            yield GaugeMetricFamily(*UNREACHABLE_PRIMARIES, value=store["primaries_unreachable"])
+        if store.get("node_busy_refusals") is not None:
+            yield CounterMetricFamily(*NODE_BUSY, value=store["node_busy_refusals"])
         if supervisor().failures:  # from the first failure on, as the workers' files show it
             failures = CounterMetricFamily(*TASK_FAILURES, labels=["task"])
             for task, count in sorted(supervisor().failures.items()):
@@ -401,6 +416,10 @@ class MetricsPublisher:
         self._short_of_replicas = Gauge(
             *SHORT_OF_REPLICAS, registry=None, multiprocess_mode="livemax"
         )
+        self._unreachable = Gauge(
+            *UNREACHABLE_PRIMARIES, registry=None, multiprocess_mode="livemax"
+        )
+        self._node_busy = Counter(*NODE_BUSY, registry=None)
         self._gc_pause_max = Gauge(
             *GC_PAUSE_MAX, ["generation"], registry=None, multiprocess_mode="max"
         )
@@ -466,6 +485,8 @@ class MetricsPublisher:
         )
         self._queue_depth.set(store["queue_depth"])
         self._short_of_replicas.set(store.get("primaries_short_of_replicas") or 0)
+        self._unreachable.set(store.get("primaries_unreachable") or 0)
+        self._grow(self._node_busy, "node_busy", store.get("node_busy_refusals") or 0)
         for histogram, key, plain in (
             (self._ack_latency, "ack_latency", counters.ack_latency),
             (self._delivery_latency, "delivery_latency", counters.delivery_latency),

@@ -217,6 +217,9 @@ class Topology(Protocol):
     def serves(self, node: str) -> bool:
         """True when ``node`` serves some slot (as last read)."""
 
+    def busy_refusals(self) -> int:
+        """Requests refused as busy (:class:`NodeGate`) so far, on every node."""
+
 
 class OneRedis:
     """A single Redis: one node serving every channel."""
@@ -228,6 +231,10 @@ class OneRedis:
     def serves(self, node: str) -> bool:
         """The one node serves every slot."""
         return node == ONE_NODE
+
+    def busy_refusals(self) -> int:
+        """Requests refused as busy so far."""
+        return self.gate.refused()
 
     def node_of(self, channel: str) -> str:
         """Always the one node."""
@@ -279,6 +286,10 @@ class ClusterSlots:
     def serves(self, node: str) -> bool:
         """True when ``node`` serves some slot (as last read)."""
         return any(primary == node for _, primary in self._ranges)
+
+    def busy_refusals(self) -> int:
+        """Requests refused as busy so far, on every node."""
+        return self.gate.refused()
 
     async def refresh(self) -> None:
         """Read the slots again (one read at a time: a caller meanwhile shares it)."""

@@ -49,7 +49,11 @@ class StoreStats:
     the last above every bound, and ``restart_hold_sum_s``) are the SQLite store's,
     None for a store without a WAL. ``primaries_short_of_replicas`` (Redis only, else
     None) counts the primaries whose last commit was confirmed on fewer replicas than
-    ``REDIS_ACK_REPLICAS`` asks: their rooms' sends get ``unavailable`` until they have them.
+    ``REDIS_ACK_REPLICAS`` asks: their rooms' sends get ``unavailable`` until they have them;
+    ``primaries_unreachable`` (Redis only) the primaries this process takes for unreachable
+    (their rooms' sends are refused until a probe finds them back), and ``node_busy_refusals``
+    (Redis only) the requests refused because their node had every turn in flight for the
+    whole ``REDIS_POOL_WAIT_S``.
     """
 
     batches_committed: int
@@ -65,6 +69,8 @@ class StoreStats:
     restart_hold_counts: list[int] | None = None
     restart_hold_sum_s: float | None = None
     primaries_short_of_replicas: int | None = None
+    primaries_unreachable: int | None = None
+    node_busy_refusals: int | None = None
 
 
 class BatchLedger:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -121,9 +120,12 @@ async def test_redis_away_refuses_sends_and_an_in_doubt_batch_commits_once_it_is
 ):
     redis = start_redis()
     store, results = await open_store(client=connect_redis(redis.url))
+    assert store.stats().primaries_unreachable == 0
     redis.kill()
     store.submit(make_message(ref="in-doubt"), None)  # its pipeline fails: in doubt
-    await asyncio.sleep(0.3)
+    await wait_until(  # the metric's figure
+        lambda: store.stats().primaries_unreachable == 1, what="the store took Redis for away"
+    )
     with pytest.raises(StoreUnavailable):
         store.submit(make_message(), None)  # the store knows Redis is away
     with pytest.raises(StoreUnavailable):
@@ -136,6 +138,7 @@ async def test_redis_away_refuses_sends_and_an_in_doubt_batch_commits_once_it_is
     store.submit(make_message(ref="next"), None)  # accepting again
     await store.flush()
     assert results[-1].items[0][0].seq == 2
+    assert store.stats().primaries_unreachable == 0
 
 
 async def test_a_repeated_ref_is_stored_once_across_stores(open_store: StoreFactory):
