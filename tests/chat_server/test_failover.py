@@ -56,6 +56,7 @@ from tests.support import (
     RedisClusterProcesses,
     RedisProcess,
     ServerProcess,
+    free_port,
     stored_history,
     wait_until,
 )
@@ -489,8 +490,13 @@ async def test_a_burst_of_reads_waits_its_turn_and_never_refuses_anyone_elses_se
     # a 50 ms wait: long enough that the burst's first read gets the turn even when a lease
     # renewal holds it on a loaded machine (at 10 ms a full-suite run saw all 300 refused),
     # far shorter than 300 reads queued behind one turn
+    metrics_port = free_port()
     server = start_workers(
-        start_server, fresh_cluster, redis_node_connections=1, redis_pool_wait_s=0.05
+        start_server,
+        fresh_cluster,
+        redis_node_connections=1,
+        redis_pool_wait_s=0.05,
+        metrics_port=metrics_port,
     )
     reader, pid = await connect_to(server, keys, "reader")
     honest, _ = await connect_to(server, keys, "honest", on=pid)
@@ -516,8 +522,8 @@ async def test_a_burst_of_reads_waits_its_turn_and_never_refuses_anyone_elses_se
     assert 0 < len(refused) < burst  # the bound held, and reads were served meanwhile
     # each refusal is counted where an operator sees it (workers publish every second)
     await wait_until(
-        lambda: _metric(server.port, "chat_redis_node_busy_total") >= len(refused),
+        lambda: _metric(metrics_port, "chat_redis_node_busy_total") >= len(refused),
         what="chat_redis_node_busy_total counted the refused reads",
     )
-    assert _metric(server.port, "chat_redis_primaries_unreachable") == 0
+    assert _metric(metrics_port, "chat_redis_primaries_unreachable") == 0
     assert server.stop() == 0

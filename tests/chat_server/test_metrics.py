@@ -357,14 +357,18 @@ async def test_two_workers_serve_the_families_of_one_process(
         ]
 
     # the WAL's families are the SQLite store's; workers keep history in Redis, whose
-    # store has its own (primaries short of replicas: none here, REDIS_ACK_REPLICAS 0)
+    # store has its own (primaries short of replicas or unreachable, requests refused as
+    # their node was busy: none here)
     one = {k: v for k, v in shape(texts["one"]).items() if not k[0].startswith("chat_wal_")}
     assert len(one) == len(shape(texts["one"])) - 3  # file bytes, restarts, restart holds
     two = {k: v for k, v in shape(texts["two"]).items() if not k[0].startswith("chat_redis_")}
-    assert len(two) == len(shape(texts["two"])) - 1 and two == one
+    assert len(two) == len(shape(texts["two"])) - 3 and two == one
     assert shape(texts["one on redis"]) == shape(texts["two"])
     for name in ("two", "one on redis"):
-        assert _scrape(ports[name])["chat_redis_primaries_short_of_replicas"] == 0
+        samples = _scrape(ports[name])
+        assert samples["chat_redis_primaries_short_of_replicas"] == 0
+        assert samples["chat_redis_primaries_unreachable"] == 0
+        assert samples["chat_redis_node_busy_total"] == 0
     ack_bounds = bounds(texts["one"], "chat_ack_latency_ms")
     assert sorted(bounds(texts["two"], "chat_ack_latency_ms")) == sorted(ack_bounds)
     assert "5" in ack_bounds and "+Inf" in ack_bounds

@@ -54,6 +54,7 @@ def test_every_recording_rule_reads_back_from_a_real_prometheus(observed: Observ
         "ChatAckLatencyBudgetBurnSlow",
         "ChatJwksStale",
         "ChatRedisPrimaryShortOfReplicas",
+        "ChatRedisPrimaryUnreachable",
     ]
     missing = set(expected)
     deadline = time.monotonic() + 60
