@@ -155,7 +155,7 @@ async def test_a_replica_killed_under_login_load_loses_no_registration(
 def test_the_page_fails_over_to_another_replica(
     tmp_path: Path, keys: KeyPair, auth_db_url: str, monkeypatch: pytest.MonkeyPatch
 ):
-    browser_test = pytest.importorskip("tests.chat_server.test_web_browser")
+    browser_test = pytest.importorskip("tests.chat_server.web.test_browser")
     if (
         shutil.which(browser_test.CHROMEDRIVER) is None
         or shutil.which(browser_test.CHROMIUM) is None

@@ -1,7 +1,7 @@
 """METRICS_PORT: the server's own view in Prometheus text, consistent with what clients saw.
 
 With one process the server answers the scrape; with ``WORKERS=2`` (real processes
-on a private Redis, as in test_scaleout) the supervisor answers with the sum of what
+on a private Redis, as in scaleout/test_workers) the supervisor answers with the sum of what
 its workers published.
 """
 
@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
-from tests.chat_server.test_scaleout import WORKER_HEADER, Inbox, connect_to, start_workers
+from tests.chat_server.scaleout.test_workers import WORKER_HEADER, Inbox, connect_to, start_workers
 from tests.support import Client, KeyPair, RedisProcess, ServerProcess, free_port
 
 

@@ -47,7 +47,7 @@ from chat_server.messages import (
     Welcome,
 )
 from chat_server.store.redis import COMMIT_ANSWER_S, IN_DOUBT_WAIT_S
-from tests.chat_server.test_scaleout import Inbox, connect_to, start_workers
+from tests.chat_server.scaleout.test_workers import Inbox, connect_to, start_workers
 from tests.support import (
     Client,
     KeyPair,
