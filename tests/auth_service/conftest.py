@@ -14,15 +14,8 @@ from typing import Any
 
 import pytest
 
-from chatlab.harness import FAST_ARGON2, AuthProcess
-
-#: what the tests run with unless they say otherwise: cheap hashes, no per-client limits
-TEST_SETTINGS = {
-    **FAST_ARGON2,
-    "LOGIN_RATE_PER_CLIENT_PER_MIN": "0",
-    "REGISTER_RATE_PER_CLIENT_PER_MIN": "0",
-    "EVENT_LOOP": "asyncio",
-}
+from chatlab.harness import AuthProcess
+from tests.support.auth import TEST_SETTINGS
 
 
 @pytest.fixture

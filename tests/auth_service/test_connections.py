@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from chatlab.harness import AuthProcess
-from tests.auth_service.conftest import TEST_SETTINGS
+from tests.support.auth import TEST_SETTINGS
 
 PASSWORD = "correct horse"
 #: the shape of the attack: more slow sockets than the service may open files (the

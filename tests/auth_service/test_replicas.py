@@ -17,8 +17,9 @@ import pytest
 from chatlab.harness import AuthProcess, KeyPair, ServerProcess
 from loadtest.auth import AuthClient
 from loadtest.client import AuthError
-from tests.auth_service.conftest import TEST_SETTINGS
-from tests.support import opens_chat
+from tests.support import CHROMIUM, opens_chat
+from tests.support.auth import TEST_SETTINGS
+from tests.support.browser import CHROMEDRIVER, browsers
 
 PASSWORD = "correct horse"
 
@@ -155,11 +156,7 @@ async def test_a_replica_killed_under_login_load_loses_no_registration(
 def test_the_page_fails_over_to_another_replica(
     tmp_path: Path, keys: KeyPair, auth_db_url: str, monkeypatch: pytest.MonkeyPatch
 ):
-    browser_test = pytest.importorskip("tests.chat_server.web.test_browser")
-    if (
-        shutil.which(browser_test.CHROMEDRIVER) is None
-        or shutil.which(browser_test.CHROMIUM) is None
-    ):
+    if shutil.which(CHROMEDRIVER) is None or shutil.which(CHROMIUM) is None:
         pytest.skip("no chromium or chromium-driver: CI and the setup script install them")
     monkeypatch.setenv("SE_OFFLINE", "true")  # selenium may never fetch a browser
     replicas = []
@@ -182,7 +179,7 @@ def test_the_page_fails_over_to_another_replica(
             replica.env["AUTH_CORS_ORIGINS"] = f"http://127.0.0.1:{chat.port}"
             replica.start()
         chat.start()
-        with browser_test.browsers(tmp_path, "page") as (page,):
+        with browsers(tmp_path, "page") as (page,):
             page.open(f"http://127.0.0.1:{chat.port}/")
             page.sign_in("pager", register=True)
             # kill the replica the page used: it goes back there first next time

@@ -22,8 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
-from tests.chat_server.scaleout.test_workers import WORKER_HEADER, Inbox, connect_to, start_workers
 from tests.support import Client, KeyPair, RedisProcess, ServerProcess, free_port
+from tests.support.workers import WORKER_HEADER, Inbox, connect_to, start_workers
 
 
 def _scrape(port: int) -> dict[str, float]:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy.conftest import DEPLOY, Observed, needs_prometheus, recording_rules
+from tests.support.prometheus import DEPLOY, Observed, needs_prometheus, recording_rules
 
 DASHBOARD = DEPLOY / "grafana" / "chatlab.json"
 PANEL_TYPES = {"row", "timeseries", "stat"}

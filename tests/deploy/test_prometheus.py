@@ -8,7 +8,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from tests.deploy.conftest import (
+from tests.support.prometheus import (
     DEPLOY,
     PROMTOOL,
     RULE_FILES,

@@ -27,7 +27,7 @@ from loadtest.profiles import (
     parse_slo,
     parse_stages,
 )
-from tests.loadtest.conftest import LOAD_TEST_AUTH, LOCUST, LocustRun, run_command, run_locust
+from tests.support.locust import LOAD_TEST_AUTH, LOCUST, LocustRun, run_command, run_locust
 
 SMOKE_USERS = 20
 ROOM_SIZE = 10

@@ -16,9 +16,8 @@ from websockets.exceptions import ConnectionClosed
 
 from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
 from chat_server.redis_rooms import connect_redis, read_range
-from tests.support import Client, KeyPair, ServerProcess, note_answer, stored_history
+from tests.support import NO_LIMITS, Client, KeyPair, ServerProcess, note_answer, stored_history
 
-NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}
 ROOM = "retry"
 
 

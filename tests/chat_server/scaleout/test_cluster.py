@@ -14,8 +14,8 @@ from collections.abc import Callable
 from redis.crc import key_slot
 
 from chat_server.messages import Ack, Error, Message
-from tests.chat_server.scaleout.test_workers import Inbox, connect_to, start_workers
 from tests.support import KeyPair, RedisClusterProcesses, ServerProcess, stored_history
+from tests.support.workers import Inbox, connect_to, start_workers
 
 ROOMS = [f"moving-{i}" for i in range(4)]
 

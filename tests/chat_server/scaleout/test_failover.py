@@ -47,7 +47,6 @@ from chat_server.messages import (
     Welcome,
 )
 from chat_server.store.redis import COMMIT_ANSWER_S, IN_DOUBT_WAIT_S
-from tests.chat_server.scaleout.test_workers import Inbox, connect_to, start_workers
 from tests.support import (
     Client,
     KeyPair,
@@ -57,6 +56,7 @@ from tests.support import (
     stored_history,
     wait_until,
 )
+from tests.support.workers import Inbox, connect_to, start_workers
 
 #: rooms on each primary (the first primary's are the faulted shard's)
 ROOMS_PER_SHARD = 2

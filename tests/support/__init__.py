@@ -45,6 +45,7 @@ __all__ = [
     "AUDIENCE",
     "CHROMIUM",
     "ISSUER",
+    "NO_LIMITS",
     "ROOT",
     "Client",
     "InProcessConnection",
@@ -69,6 +70,8 @@ __all__ = [
 
 
 CHROMIUM = "/usr/bin/chromium"
+#: chat server settings that take rate limits out of a test's way
+NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}
 
 
 def chromium_dom(page: Path, profile: Path, width: int = 1280) -> str:
