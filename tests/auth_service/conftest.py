@@ -1,8 +1,8 @@
 """Auth service fixtures: the service as a real process with fast (but real) argon2.
 
-Tests that depend on where users and keys live take ``store_env`` (or the module's
-``auth``) and run twice: on SQLite and on PostgreSQL (``AUTH_DB_URL``, a fresh database
-on the run's one PostgreSQL).
+Tests that depend on where users and keys live take ``store_env`` (or ``shared_auth``,
+one service a module's tests share) and run twice: on SQLite and on PostgreSQL
+(``AUTH_DB_URL``, a fresh database on the run's one PostgreSQL).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def store_env(request: pytest.FixtureRequest) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module", params=STORES)
-def auth(
+def shared_auth(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AuthProcess]:
     """One auth service shared by a module's tests (they use distinct usernames), on each

@@ -14,8 +14,9 @@ from tests.support.locust import LOAD_TEST_AUTH
 
 
 @pytest.fixture
-def auth(tmp_path: Path) -> Iterator[AuthProcess]:
-    """A running auth service (fast argon2, no per-client rate limits); stopped after."""
+def load_test_auth(tmp_path: Path) -> Iterator[AuthProcess]:
+    """A running auth service for a crowd of load-test users on one address (fast argon2,
+    no per-client rate limits); stopped after."""
     workdir = tmp_path / "auth"
     workdir.mkdir()
     service = AuthProcess(workdir, **LOAD_TEST_AUTH).start()
