@@ -53,7 +53,7 @@ def _traffic(
             await bob.expect(Message, skip=(Presence,))
             if n % 10 == 0:
                 await asyncio.to_thread(auth.token, "bob", PASSWORD)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the traffic's pace
         await alice.close()
         await bob.close()
 

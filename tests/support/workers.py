@@ -5,7 +5,6 @@ read everything a client receives in the background."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +12,9 @@ from websockets.exceptions import ConnectionClosed
 
 from chat_server.messages import Ack, Error, Welcome
 from chatlab.harness import KeyPair, RedisClusterProcesses, RedisProcess, ServerProcess
-from tests.support import NO_LIMITS, Client
+from tests.support import NO_LIMITS, Client, wait_until
 
-__all__ = ["WORKER_HEADER", "Inbox", "connect_to", "start_workers"]
+__all__ = ["WORKER_HEADER", "Inbox", "connect_to", "start_workers", "worker_replaced"]
 
 WORKER_HEADER = "X-Chatlab-Worker"
 
@@ -31,6 +30,16 @@ def start_workers(
     return start_server(
         workers=2, broker="redis", redis_url=redis.url, event_loop="uvloop", **NO_LIMITS, **settings
     )
+
+
+async def worker_replaced(server: ServerProcess, dead: int, timeout_s: float = 30) -> list[int]:
+    """The two workers' pids once the supervisor started one in ``dead``'s seat."""
+
+    def replaced() -> list[int] | None:
+        pids = server.worker_pids()
+        return pids if len(pids) == 2 and dead not in pids else None
+
+    return await wait_until(replaced, timeout_s, server.log)
 
 
 async def connect_to(
@@ -73,14 +82,15 @@ class Inbox:
             self._changed.set()
 
     async def wait_for(self, condition: Callable[[], bool], timeout_s: float = 30) -> None:
-        """Return once ``condition()`` holds; fail after ``timeout_s``."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while not condition():
-            self._changed.clear()
-            remaining = deadline - asyncio.get_running_loop().time()
-            assert remaining > 0, f"timed out; last frames: {self.frames[-5:]}"
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+        """Return once ``condition()`` holds, looking again at each frame received (no
+        polling); AssertionError with the last frames after ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not condition():
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"timed out; last frames: {self.frames[-5:]}") from None
 
     def of(self, kind: type) -> list[Any]:
         """The frames of one kind, in arrival order."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -117,13 +116,16 @@ async def test_a_batch_runs_at_most_once_whatever_reaches_redis_again(
 
 
 async def test_redis_away_refuses_sends_and_an_in_doubt_batch_commits_once_it_is_back(
-    open_store: StoreFactory, start_redis: Callable[..., RedisProcess]
+    open_store: StoreFactory,
+    start_redis: Callable[..., RedisProcess],
+    caplog: pytest.LogCaptureFixture,
 ):
     redis = start_redis()
     store, results = await open_store(client=connect_redis(redis.url))
     redis.kill()
     store.submit(make_message(ref="in-doubt"), None)  # its pipeline fails: in doubt
-    await asyncio.sleep(0.3)
+    # the store says so when it marks the node unreachable
+    await wait_until(lambda: "unreachable" in caplog.text, 10, "the store noticing Redis away")
     with pytest.raises(StoreUnavailable):
         store.submit(make_message(), None)  # the store knows Redis is away
     with pytest.raises(StoreUnavailable):
