@@ -156,3 +156,17 @@ def test_no_module_passes_800_lines():
         if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}
+
+
+def test_no_test_module_imports_another_or_a_conftest():
+    """What tests share lives in ``tests/support``: a test module or a conftest imported
+    elsewhere would run its tests or fixtures twice, under two names."""
+    tests = modules(ROOT, ("tests",))
+    graph = import_graph(tests)
+    shared = sorted(
+        (name, needed)
+        for name, needs in graph.items()
+        for needed in needs
+        if needed.rpartition(".")[2].startswith(("test_", "conftest"))
+    )
+    assert shared == []

@@ -9,12 +9,12 @@ environment (which wins over the ``.env`` the block copies). Both services must 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 from contextlib import suppress
 from pathlib import Path
@@ -23,6 +23,7 @@ import psutil
 
 from chatlab.harness import ROOT, free_port
 from chatlab.setting_names import KNOWN
+from tests.support import wait_until
 
 #: long enough for a first start (keys, the hashing pool), on a busy machine
 START_S = 60
@@ -67,13 +68,14 @@ def test_the_running_the_server_block_pasted_whole_starts_both_services(tmp_path
         assert shell.stdin is not None
         shell.stdin.write(block.encode())
         shell.stdin.close()
-        deadline = time.monotonic() + START_S
-        while not (_answers(auth_port) and _answers(chat_port)):
+
+        def both_answer() -> bool:
             assert shell.poll() is None, (
                 f"the block ended ({shell.returncode}):\n{log_path.read_text()}"
             )
-            assert time.monotonic() < deadline, f"no answer in {START_S} s:\n{log_path.read_text()}"
-            time.sleep(0.1)
+            return _answers(auth_port) and _answers(chat_port)
+
+        asyncio.run(wait_until(both_answer, START_S, log_path.read_text, 0.1))
         assert (tmp_path / "keys" / "jwt_public.pem").is_file()
         assert "JWT_PUBLIC_KEY" not in log_path.read_text()
         assert (tmp_path / ".env").read_text() == edited

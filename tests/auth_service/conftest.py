@@ -1,8 +1,8 @@
 """Auth service fixtures: the service as a real process with fast (but real) argon2.
 
-Tests that depend on where users and keys live take ``store_env`` (or the module's
-``auth``) and run twice: on SQLite and on PostgreSQL (``AUTH_DB_URL``, a fresh database
-on the run's one PostgreSQL).
+Tests that depend on where users and keys live take ``store_env`` (or ``shared_auth``,
+one service a module's tests share) and run twice: on SQLite and on PostgreSQL
+(``AUTH_DB_URL``, a fresh database on the run's one PostgreSQL).
 """
 
 from __future__ import annotations
@@ -14,15 +14,8 @@ from typing import Any
 
 import pytest
 
-from chatlab.harness import FAST_ARGON2, AuthProcess
-
-#: what the tests run with unless they say otherwise: cheap hashes, no per-client limits
-TEST_SETTINGS = {
-    **FAST_ARGON2,
-    "LOGIN_RATE_PER_CLIENT_PER_MIN": "0",
-    "REGISTER_RATE_PER_CLIENT_PER_MIN": "0",
-    "EVENT_LOOP": "asyncio",
-}
+from chatlab.harness import AuthProcess
+from tests.support.auth import TEST_SETTINGS
 
 
 @pytest.fixture
@@ -77,7 +70,7 @@ def store_env(request: pytest.FixtureRequest) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module", params=STORES)
-def auth(
+def shared_auth(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AuthProcess]:
     """One auth service shared by a module's tests (they use distinct usernames), on each

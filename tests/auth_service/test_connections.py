@@ -4,6 +4,7 @@ served meanwhile, also under a low open-files limit."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import resource
 import socket
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from chatlab.harness import AuthProcess
-from tests.auth_service.conftest import TEST_SETTINGS
+from tests.support import wait_until
+from tests.support.auth import TEST_SETTINGS
 
 PASSWORD = "correct horse"
 #: the shape of the attack: more slow sockets than the service may open files (the
@@ -58,7 +60,7 @@ def _login_retrying(auth: AuthProcess, username: str, deadline_s: float = 30) ->
         reply = auth.login(username, PASSWORD)
         if reply.status != 503 or time.monotonic() > deadline:
             return reply.status
-        time.sleep(int(reply.headers.get("retry-after", "1")))
+        time.sleep(int(reply.headers.get("retry-after", "1")))  # as the answer asks
 
 
 @pytest.fixture
@@ -167,8 +169,6 @@ def test_past_the_connection_bound_503_and_a_warning(quick_auth: AuthProcess):
     finally:
         for sock in held:
             sock.close()
-    deadline = time.monotonic() + 10
-    while quick_auth.get("/healthz").status != 200:  # slots free as the held ones close
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    # slots free as the held ones close
+    asyncio.run(wait_until(lambda: quick_auth.get("/healthz").status == 200, 10, "a free slot"))
     assert "AUTH_MAX_CONNECTIONS=3 reached" in quick_auth.log()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import shutil
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +16,9 @@ import pytest
 from chatlab.harness import AuthProcess, KeyPair, ServerProcess
 from loadtest.auth import AuthClient
 from loadtest.client import AuthError
-from tests.auth_service.conftest import TEST_SETTINGS
-from tests.support import opens_chat
+from tests.support import CHROMIUM, opens_chat, wait_until
+from tests.support.auth import TEST_SETTINGS
+from tests.support.browser import CHROMEDRIVER, browsers
 
 PASSWORD = "correct horse"
 
@@ -79,16 +79,18 @@ async def test_a_token_from_one_replica_verifies_after_another_rotates_with_no_4
     # token opens chat at its first try, whichever replica issued it
     new_tokens = {a.port: "", b.port: ""}
     after_switch = 0
-    deadline = time.monotonic() + 60
-    while after_switch < 4:
-        assert time.monotonic() < deadline, "the replicas never signed with the new key"
+
+    async def switched() -> bool:
+        nonlocal after_switch
         for replica in (a, b):
             token = replica.token("alice", PASSWORD)
             assert await opens_chat(chat, token), f"401 for a token of kid {_kid(token)}"
             if _kid(token) != old_kid:
                 new_tokens[replica.port] = token
                 after_switch += 1
-        time.sleep(0.25)
+        return after_switch >= 4
+
+    await wait_until(switched, 60, "both replicas signing with the new key", 0.25)
     assert _kid(new_tokens[a.port]) == _kid(new_tokens[b.port]) != old_kid
     assert {old_kid, _kid(new_tokens[a.port])} <= {key["kid"] for key in a.jwks()["keys"]}
     assert await opens_chat(chat, old_token)  # tokens of the retired key stay good
@@ -131,16 +133,19 @@ async def test_a_replica_killed_under_login_load_loses_no_registration(
     for worker in workers:
         worker.start()
     try:
-        deadline = time.monotonic() + 60
-        while len(created) < 20 or not (_logins_answered(a) and _logins_answered(b)):
-            assert time.monotonic() < deadline, f"no load on both replicas: {failures}"
-            time.sleep(0.05)
+        await wait_until(
+            lambda: len(created) >= 20 and _logins_answered(a) and _logins_answered(b),
+            60,
+            lambda: f"no load on both replicas: {failures}",
+        )
         a.kill()  # SIGKILL, with requests in flight
         killed.set()
         at_kill = len(created)
-        while len(created) < at_kill + 20:
-            assert time.monotonic() < deadline, f"no registrations after the kill: {failures}"
-            time.sleep(0.05)
+        await wait_until(
+            lambda: len(created) >= at_kill + 20,
+            60,
+            lambda: f"no registrations after the kill: {failures}",
+        )
     finally:
         stop.set()
         for worker in workers:
@@ -155,11 +160,7 @@ async def test_a_replica_killed_under_login_load_loses_no_registration(
 def test_the_page_fails_over_to_another_replica(
     tmp_path: Path, keys: KeyPair, auth_db_url: str, monkeypatch: pytest.MonkeyPatch
 ):
-    browser_test = pytest.importorskip("tests.chat_server.test_web_browser")
-    if (
-        shutil.which(browser_test.CHROMEDRIVER) is None
-        or shutil.which(browser_test.CHROMIUM) is None
-    ):
+    if shutil.which(CHROMEDRIVER) is None or shutil.which(CHROMIUM) is None:
         pytest.skip("no chromium or chromium-driver: CI and the setup script install them")
     monkeypatch.setenv("SE_OFFLINE", "true")  # selenium may never fetch a browser
     replicas = []
@@ -182,7 +183,7 @@ def test_the_page_fails_over_to_another_replica(
             replica.env["AUTH_CORS_ORIGINS"] = f"http://127.0.0.1:{chat.port}"
             replica.start()
         chat.start()
-        with browser_test.browsers(tmp_path, "page") as (page,):
+        with browsers(tmp_path, "page") as (page,):
             page.open(f"http://127.0.0.1:{chat.port}/")
             page.sign_in("pager", register=True)
             # kill the replica the page used: it goes back there first next time

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import pytest
 
 from bench.lab.results import Results, Run, Sample, Step, TimePoint, edge
-from bench.lab.scaling import Figure, Parts
 
 ROOM = 10
 WINDOW_S = 4.0
@@ -21,29 +20,6 @@ KNEE_RATES = (4800.0, 5000.0, 4600.0)
 LOGINS = [10.0, 11.0, 12.0]
 BYTES = [32768.0, 33000.0, 32000.0]
 SPREAD = {1: 1.0, 2: 2 * (1 - 0.5**10), 4: 4 * (1 - 0.75**10)}
-
-
-def given(value: float) -> Figure:
-    """A figure stated by hand, not measured."""
-    return Figure.given(value, "", "by hand")
-
-
-def hand_parts(logins_per_cpu_s: float) -> Parts:
-    """The function's parts by hand: u1 20 µs/frame, beta 2 µs/frame per further process
-    (20 µs per message in rooms of 10), knee 48,000 delivered/s (a process' budget
-    960,000 µs/s), Redis 25 µs per commit and 5 per delivery, 32 KiB per connection."""
-    return Parts(
-        room_size=10,
-        connections=2000,
-        slo="p99=100",
-        u1=given(20),
-        beta=given(2),
-        knee=given(48000),
-        redis_commit_us=given(25),
-        redis_delivery_us=given(5),
-        logins_per_cpu_s=given(logins_per_cpu_s),
-        bytes_per_connection=given(32768),
-    )
 
 
 CONFIGS = {

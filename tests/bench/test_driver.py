@@ -174,9 +174,11 @@ def test_with_retry_a_killed_server_is_reconnected_and_nothing_is_stored_twice(
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3)  # connected, warmed up, sending
+    # the kill lands in the driver's step (after its 0.5 s warm-up, 5 s long): a moment in
+    # the driver's own schedule, which is what is tested
+    time.sleep(3)
     server.kill()  # kill -9: sends in flight are answered by nobody
-    time.sleep(0.3)
+    time.sleep(0.3)  # down a moment: every connection is lost, not just paused
     server.start()  # same port, same database
     _, stderr = driver.communicate(timeout=60)
     assert driver.returncode == 0, stderr

@@ -14,7 +14,7 @@ import pytest
 from bench.lab.__main__ import main
 from bench.lab.plan import EXAMPLE_TARGET, Target, plan, plan_markdown, target_errors
 from bench.lab.results import Results
-from tests.bench.conftest import hand_parts
+from tests.support.lab import hand_parts
 
 Build = Callable[..., Results]
 

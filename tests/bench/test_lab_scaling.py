@@ -29,7 +29,7 @@ from bench.lab.scaling import (
 )
 from bench.lab.scaling_cli import bytes_per_connection, logins_per_cpu_s
 from chatlab.setting_names import CHAT_SERVER
-from tests.bench.conftest import given, hand_parts
+from tests.support.lab import given, hand_parts
 
 Build = Callable[..., Results]
 

@@ -187,9 +187,12 @@ def test_of_capacity_climbs_first_and_runs_at_that_fraction_of_the_knee(tmp_path
     assert run["rate"] == round(0.7 * knee_rate)
     assert 500 <= knee_rate <= 600  # the climb's first step and its top (two steps)
     assert run["p99_ms"] > 0 and run["errors"] == 0
-    # the server's side: its loop's wait for its core, and its checkpointer
+    # the server's side: its loop's wait for its core and the host's steal, both measured
+    # (either may be 0: a quiet machine's loop waits for nothing, and metal steals nothing)
     assert run["window_core_wait_ms_per_s"] >= 0
-    assert run["window_core_steal_ms_per_s"] >= 0  # /proc/stat's steal column, 0 on metal
+    assert run["window_core_steal_ms_per_s"] >= 0  # /proc/stat's steal column
+    # and its checkpointer, counted (0 allowed: a 2 s run may not fill one checkpoint's
+    # pages), each WAL restart holding the commits at least once
     checkpointer = run["checkpointer"]
     assert checkpointer["checkpoints"] >= 0 and "catch_ups" in checkpointer
     assert checkpointer["restart_holds"] >= checkpointer["wal_restarts"] >= 0
@@ -310,7 +313,8 @@ def test_the_relay_variant_runs_the_bare_relay_and_says_what_it_cannot_measure(t
     assert relay["p99_ms"] > 0 and relay["errors"] == 0
     assert relay["delivered_per_s"] > 0.5 * 10 * 300
     # its CPU came from the process (psutil), its wait and steal from /proc
-    assert relay["cpu_us_per_frame"] > 0 and relay["window_core_wait_ms_per_s"] >= 0
+    assert relay["cpu_us_per_frame"] > 0
+    assert relay["window_core_wait_ms_per_s"] >= 0  # may be 0, as above
     assert relay["commits"] == 0 and relay["checkpointer"] == {} and relay["late_ticks_ms"] == []
     [row] = [x for x in result.stdout.splitlines() if x.startswith("websockets relay ")]
     assert row.split()[4:10] == ["-"] * 6  # the server-side columns: not known

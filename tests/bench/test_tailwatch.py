@@ -3,7 +3,6 @@ and a real server read while it serves."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from bench.lab.scrape import scrape_metrics
 from bench.lab.tailwatch import TailWatch, likely_cause, tail_events
 from chat_server.messages import Ack, Message, Send, Welcome
 from chatlab.harness import KeyPair, ServerProcess, free_port
-from tests.support import Client
+from tests.support import Client, wait_until
 
 UNIX_T0 = 1_800_000_000.0
 TAIL = {
@@ -69,7 +68,14 @@ async def test_a_watch_reads_a_real_server_s_metrics_and_events(
         await alice.send(Send(room="tail", body=f"m{i}"))
     for _ in range(200):
         await alice.expect(Ack, skip=(Message,))
-    await asyncio.sleep(2.5)
+    # the watch's points until the last counts 100 ticks of the server's 10 ms ticker
+    await wait_until(
+        lambda: (
+            len(watch.series) >= 2 and watch.series[-1].get("chat_loop_lag_seconds_count", 0) >= 100
+        ),
+        30,
+        lambda: watch.series[-2:],
+    )
     # its thread, and only it, runs on that core
     assert os.sched_getaffinity(watch._thread.native_id or 0) == {core}
     assert os.sched_getaffinity(0) == ours

@@ -21,7 +21,7 @@ from chat_server.limits import (
     usable_connections,
 )
 from chat_server.messages import Welcome
-from tests.support import Client, KeyPair, ServerProcess
+from tests.support import Client, KeyPair, ServerProcess, wait_until
 
 #: connections the limited server admits
 ADMITTED = 4
@@ -84,14 +84,14 @@ async def test_past_the_open_files_limit_handshakes_get_503(
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/stats", timeout=5) as r:
             assert json.loads(r.read())["connections"] == ADMITTED
         await clients[0].close()
-        for _ in range(100):  # the place freed goes to the next client
+
+        async def admitted() -> Client | None:  # the place freed goes to the next client
             try:
-                again = await Client.connect(server, keys.mint("again"))
-                break
+                return await Client.connect(server, keys.mint("again"))
             except InvalidStatus:
-                await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("a freed place was not given to a new connection")
+                return None
+
+        again = await wait_until(admitted, 10, "a freed place given to a new connection")
         await again.expect(Welcome)
     finally:
         server.kill()
@@ -155,7 +155,7 @@ async def test_a_flood_of_connects_past_the_open_files_limit_gets_101_or_503(
     async def probe() -> None:
         while flooding or not health:
             health.append(await _healthz(server.port))
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # a probe's pace through the flood
 
     prober = asyncio.create_task(probe())
     try:

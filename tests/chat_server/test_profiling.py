@@ -6,7 +6,6 @@ counts, never on times.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pstats
 import re
@@ -22,7 +21,7 @@ from chat_server.messages import Ack, Message, Welcome
 from chat_server.profiling import ThreadProfile, run_name, write_snapshot
 from chat_server.settings import SPECS, Settings
 from chat_server.store.sqlite import SqliteHistoryStore
-from tests.support import ROOT, Client, KeyPair, RedisProcess, ServerProcess, free_port
+from tests.support import ROOT, Client, KeyPair, RedisProcess, ServerProcess, free_port, wait_until
 
 Func = tuple[str, int, str]
 
@@ -50,12 +49,9 @@ def calls_in(table: dict[Func, tuple], file_part: str) -> int:
     return sum(value[1] for (filename, _, _), value in table.items() if file_part in filename)
 
 
-def wait_for_file(path: Path, timeout_s: float = 15) -> Path:
+async def wait_for_file(path: Path, timeout_s: float = 15) -> Path:
     """``path`` once it exists (a bound, not a timing check)."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.05)
+    await wait_until(path.exists, timeout_s, f"{path} appearing")
     return path
 
 
@@ -87,9 +83,9 @@ async def test_snapshots_hold_both_threads_each_in_its_own_window(
 
     await send_and_await_acks(server, keys, SENDS)
     server.signal(signal.SIGUSR1)
-    busy = load(wait_for_file(run_dir / "1.prof"))
+    busy = load(await wait_for_file(run_dir / "1.prof"))
     server.signal(signal.SIGUSR1)  # nothing sent since
-    idle = load(wait_for_file(run_dir / "2.prof"))
+    idle = load(await wait_for_file(run_dir / "2.prof"))
     assert server.stop() == 0
     last = load(run_dir / "3.prof")
 
@@ -118,7 +114,7 @@ async def test_snapshots_come_every_interval_into_a_run_named_by_time_and_pid(
     runs = list((tmp_path / "profiles").iterdir())
     assert len(runs) == 1
     assert re.fullmatch(rf"\d{{8}}-\d{{6}}-{server.proc.pid}", runs[0].name)
-    wait_for_file(runs[0] / "3.prof")
+    await wait_for_file(runs[0] / "3.prof")
     server.kill()
     snapshots = sorted(runs[0].glob("*.prof"), key=lambda p: int(p.stem))
     assert [p.stem for p in snapshots] == [str(n) for n in range(1, len(snapshots) + 1)]
@@ -209,12 +205,14 @@ async def test_each_worker_writes_its_own_run_and_sigusr1_reaches_them(
         profile_run="lab",
     )
     profiles = tmp_path / "profiles"
-    deadline = time.monotonic() + 20
-    # a worker not ready yet is not sent the signal: ask again until both answered
-    while len(list(profiles.glob("*/1.prof"))) < 2:
-        assert time.monotonic() < deadline, sorted(profiles.rglob("*"))
+
+    def both_answered() -> bool:  # a worker not ready yet is not sent it: ask again
+        if len(list(profiles.glob("*/1.prof"))) == 2:
+            return True
         server.signal(signal.SIGUSR1)
-        await asyncio.sleep(0.5)
+        return False
+
+    await wait_until(both_answered, 20, lambda: sorted(profiles.rglob("*")), interval_s=0.5)
     runs = [re.fullmatch(r"lab-w(\d+)-(\d+)", p.name) for p in profiles.iterdir()]
     assert all(runs) and len(runs) == 2, runs
     assert sorted(int(m[1]) for m in runs if m) == [0, 1]

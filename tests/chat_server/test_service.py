@@ -6,7 +6,6 @@ The service is built by :func:`chat_server.wiring.build_service` exactly as
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from chat_server.messages import (
 from chat_server.service import ChatService
 from chat_server.settings import Settings
 from chat_server.wiring import build_service
-from tests.support import InProcessConnection, settled
+from tests.support import InProcessConnection, settled, wait_until
 
 CODEC = get_codec("orjson")
 
@@ -80,7 +79,8 @@ async def test_history_and_a_repeated_ref_read_what_was_committed(service: ChatS
     alice.send(Send(room="lobby", body="m1", ref="r1"))  # a retry: answered, not stored
     alice.send(HistoryRequest(room="lobby"))
     await settled(service)
-    await asyncio.sleep(0.05)  # the history read runs on the store's reader thread
+    # the history read runs on the store's reader thread
+    await wait_until(lambda: alice.of(History), 10, "the history page")
     (history,) = alice.of(History)
     assert [m.body for m in history.messages] == ["m0", "m1", "m2"]
     assert alice.of(Ack)[-1] == Ack(room="lobby", seq=2, ref="r1")
@@ -109,7 +109,8 @@ async def test_a_session_joining_with_since_gets_what_it_missed(service: ChatSer
     late = InProcessConnection(service, "carol")
     late.send(Join(room="lobby", since=2))
     await settled(service)
-    await asyncio.sleep(0.05)
+    # the replay is read on the store's reader thread
+    await wait_until(lambda: len(late.of(Message)) >= 2, 10, "the replay of seq 3 and 4")
     assert late.of(Joined)[0].last_seq == 4
     assert [m.seq for m in late.of(Message)] == [3, 4]
 

@@ -41,11 +41,11 @@ def test_quiet_collector_collects_once_the_server_is_idle():
     collector = QuietCollector(lambda: 7, min_interval_s=0.0, max_interval_s=3600.0)
     collector.on_tick(0.0)
     assert collector.collections == 0  # idle for no time yet
-    time.sleep(1.1)
+    time.sleep(1.1)  # idle past QUIET_FOR_S on the collector's own clock: what is tested
     collector.on_tick(0.0)
     assert collector.collections == 1
     collector.on_tick(0.0)
-    time.sleep(1.1)
+    time.sleep(1.1)  # the same idle spell, longer
     collector.on_tick(0.0)
     assert collector.collections == 1  # one collection per idle spell
 
@@ -55,6 +55,6 @@ def test_quiet_collector_collects_under_load_when_overdue():
     collector = QuietCollector(lambda: next(frames), min_interval_s=0.0, max_interval_s=0.2)
     collector.on_tick(0.0)
     assert collector.collections == 0
-    time.sleep(0.3)
+    time.sleep(0.3)  # past max_interval_s on the collector's own clock: what is tested
     collector.on_tick(0.0)  # never idle, but overdue
     assert collector.collections == 1

@@ -7,16 +7,17 @@ and runs each expression against the real Prometheus of ``observed``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-import time
 import urllib.request
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy.conftest import DEPLOY, Observed, needs_prometheus, recording_rules
+from tests.support import wait_until
+from tests.support.prometheus import DEPLOY, Observed, needs_prometheus, recording_rules
 
 DASHBOARD = DEPLOY / "grafana" / "chatlab.json"
 PANEL_TYPES = {"row", "timeseries", "stat"}
@@ -127,8 +128,10 @@ def test_every_expression_runs_against_prometheus(dashboard: dict[str, Any], obs
         series = re.fullmatch(r"label_values\((\S+), job\)", query["definition"])
         assert series is not None
         pending[query["definition"]] = series.group(1)
-    deadline = time.monotonic() + 60
-    while pending and time.monotonic() < deadline:
+
+    def answered() -> bool:  # each query in turn, until each had a result
+        nonlocal pending
         pending = {e: q for e, q in pending.items() if not observed.prometheus.query(q)}
-        time.sleep(0.5)
-    assert not pending, f"no result for {sorted(pending)}"
+        return not pending
+
+    asyncio.run(wait_until(answered, 60, lambda: f"no result for {sorted(pending)}", 0.5))

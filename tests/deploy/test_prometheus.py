@@ -3,12 +3,14 @@ Prometheus scraping real services reads every recording rule back."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import subprocess
-import time
 from collections.abc import Callable
 
-from tests.deploy.conftest import (
+from tests.support import wait_until
+from tests.support.prometheus import (
     DEPLOY,
     PROMTOOL,
     RULE_FILES,
@@ -57,24 +59,31 @@ def test_every_recording_rule_reads_back_from_a_real_prometheus(observed: Observ
         "ChatRedisPrimaryUnreachable",
     ]
     missing = set(expected)
-    deadline = time.monotonic() + 60
-    while missing and time.monotonic() < deadline:
+
+    def answered() -> bool:  # each rule in turn, until each had a result
+        nonlocal missing
         missing = {name for name in missing if not prometheus.query(name)}
-        time.sleep(0.5)
-    assert not missing, f"no result for {sorted(missing)}"
+        return not missing
+
+    asyncio.run(wait_until(answered, 60, lambda: f"no result for {sorted(missing)}", 0.5))
 
 
 def _value(
     observed: Observed, expr: str, until: Callable[[float], bool] = lambda v: v > 0
 ) -> float:
-    """The single sample's value of ``expr`` once ``until`` it (or the last one, after 60 s)."""
-    deadline = time.monotonic() + 60
-    while True:
+    """The single sample's value of ``expr`` once ``until`` it (or the last one, after 60 s:
+    the caller's assertion then says what it was)."""
+    value = math.nan
+
+    def reached() -> bool:
+        nonlocal value
         result = observed.prometheus.query(expr)
         value = float(result[0]["value"][1]) if result else math.nan
-        if until(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
+        return until(value)
+
+    with contextlib.suppress(AssertionError):
+        asyncio.run(wait_until(reached, 60, expr, 0.5))
+    return value
 
 
 def test_the_rules_measure_the_traffic(observed: Observed):

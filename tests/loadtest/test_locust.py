@@ -27,7 +27,7 @@ from loadtest.profiles import (
     parse_slo,
     parse_stages,
 )
-from tests.loadtest.conftest import LOAD_TEST_AUTH, LOCUST, LocustRun, run_command, run_locust
+from tests.support.locust import LOAD_TEST_AUTH, LOCUST, LocustRun, run_command, run_locust
 
 SMOKE_USERS = 20
 ROOM_SIZE = 10
@@ -60,9 +60,9 @@ def _assert_clean_delivery(run: LocustRun) -> None:
 
 
 def test_smoke_run_logs_users_in_and_delivers_every_message(
-    tmp_path: Path, auth: AuthProcess, start_server: Callable[..., ServerProcess]
+    tmp_path: Path, load_test_auth: AuthProcess, start_server: Callable[..., ServerProcess]
 ) -> None:
-    server = start_server(jwt_public_key=str(auth.public_path), log_level="warning")
+    server = start_server(jwt_public_key=str(load_test_auth.public_path), log_level="warning")
     run = run_locust(
         tmp_path,
         "-H",
@@ -70,7 +70,7 @@ def test_smoke_run_logs_users_in_and_delivers_every_message(
         "--load-profile",
         "smoke",
         "--auth-url",
-        auth.url(),
+        load_test_auth.url(),
         "--auth-mode",
         "login",
     )
@@ -82,10 +82,10 @@ def test_smoke_run_logs_users_in_and_delivers_every_message(
 
 
 def test_a_protobuf_prelogin_run_on_two_processes_delivers_to_every_member(
-    tmp_path: Path, auth: AuthProcess, start_server: Callable[..., ServerProcess]
+    tmp_path: Path, load_test_auth: AuthProcess, start_server: Callable[..., ServerProcess]
 ) -> None:
     server = start_server(
-        jwt_public_key=str(auth.public_path), serializer="protobuf", log_level="warning"
+        jwt_public_key=str(load_test_auth.public_path), serializer="protobuf", log_level="warning"
     )
     # the smoke profile's users in under half its time (the profile has its own run above)
     run = run_locust(
@@ -97,7 +97,7 @@ def test_a_protobuf_prelogin_run_on_two_processes_delivers_to_every_member(
         "--serializer",
         "protobuf",
         "--auth-url",
-        auth.url(),
+        load_test_auth.url(),
         "--auth-mode",
         "prelogin",
         "--processes",
@@ -162,9 +162,19 @@ def test_an_unreachable_auth_service_stops_the_run_with_one_clear_line(tmp_path:
     assert run.failures == []
 
 
-def test_seed_registers_users_once_and_writes_tokens(tmp_path: Path, auth: AuthProcess) -> None:
+def test_seed_registers_users_once_and_writes_tokens(
+    tmp_path: Path, load_test_auth: AuthProcess
+) -> None:
     tokens_path = tmp_path / "tokens.json"
-    command = [sys.executable, "-m", "loadtest.seed", "--users", "5", "--auth-url", auth.url()]
+    command = [
+        sys.executable,
+        "-m",
+        "loadtest.seed",
+        "--users",
+        "5",
+        "--auth-url",
+        load_test_auth.url(),
+    ]
     first = run_command(*command, "--token-file", str(tokens_path))
     assert first.returncode == 0, first.stderr
     assert "5 registered, 0 already there, 0 failed" in first.stdout

@@ -14,7 +14,7 @@ import pytest
 
 from chat_server.codecs import get_codec
 from loadtest.client import HandshakeFailed, Ledger, Session
-from tests.support import KeyPair, ServerProcess, stored_history
+from tests.support import KeyPair, ServerProcess, stored_history, wait_until
 
 ROOM = "load-retry"
 SENDS = 3000
@@ -51,16 +51,15 @@ async def test_unacked_sends_are_retried_with_their_refs_and_stored_once(
             except OSError:
                 never_sent.append(f"1.{first.sent - 1}")
                 return
-            time.sleep(0.0005)
+            time.sleep(0.0005)  # a send's pace, for the kill to land among them
 
     sender = threading.Thread(target=send_until_closed)
     sender.start()
-    deadline = time.monotonic() + 10
-    while ledger.acked < 50 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    await wait_until(lambda: ledger.acked >= 50, 10, "50 acks", interval_s=0.001)
     server.kill()  # sends in flight: some stored and never acked, some never stored
     sender.join(10)
-    time.sleep(0.2)
+    # the session read what reached it and saw the connection end
+    await wait_until(lambda: ledger.unexpected_closes == 1, 10, "the session seeing the kill")
     sent = first.sent
     unacked = first.unacked_sends()
     assert unacked, "everything was acked before the kill: nothing to retry"
@@ -71,10 +70,12 @@ async def test_unacked_sends_are_retried_with_their_refs_and_stored_once(
     second = _session(restarted, keys, ledger, "2.")
     second.carry_over(unacked)
     second.resend_due()
-    deadline = time.monotonic() + 20
-    while second.bodies and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not second.bodies, f"{len(second.bodies)} retried sends never acked"
+    await wait_until(
+        lambda: not second.bodies,
+        20,
+        lambda: f"{len(second.bodies)} retried sends never acked",
+        interval_s=0.01,
+    )
     assert ledger.retried == len(unacked) == ledger.acked_after_retry
     stored = await stored_history(restarted, keys.mint("reader"), ROOM)
     counts = collections.Counter(m.ref for m in stored)

@@ -13,9 +13,15 @@ from collections.abc import Callable
 
 from redis.crc import key_slot
 
-from chat_server.messages import Ack, Error, Message
-from tests.chat_server.test_scaleout import Inbox, connect_to, start_workers
-from tests.support import KeyPair, RedisClusterProcesses, ServerProcess, stored_history
+from chat_server.messages import Ack, Error, Message, Presence
+from tests.support import (
+    KeyPair,
+    RedisClusterProcesses,
+    ServerProcess,
+    stored_history,
+    wait_until,
+)
+from tests.support.workers import Inbox, connect_to, start_workers
 
 ROOMS = [f"moving-{i}" for i in range(4)]
 
@@ -35,12 +41,11 @@ async def test_slots_moved_under_live_rooms_lose_double_and_reorder_nothing(
     for client in (sender, listener):
         for room in ROOMS:
             await client.join(room)
-    await asyncio.sleep(0.2)  # presence of the listener's joins reaches the sender
-    while True:  # read past them before the inboxes start
-        try:
-            await sender.recv(timeout_s=0.2)
-        except TimeoutError:
-            break
+    # read past the presence of the listener's joins (one per room) before the inboxes start
+    joined = set()
+    while joined != set(ROOMS):
+        if isinstance(frame := await sender.recv(), Presence) and frame.user == "listener":
+            joined.add(frame.room)
     sender_inbox, listener_inbox = Inbox(sender), Inbox(listener)
     sent: list[str] = []  # refs, in sending order; each ref's body is the ref
     moving = asyncio.Event()
@@ -56,7 +61,7 @@ async def test_slots_moved_under_live_rooms_lose_double_and_reorder_nothing(
             i += 1
             if i == 40:
                 moving.set()
-            await asyncio.sleep(0.003)
+            await asyncio.sleep(0.003)  # the traffic's pace, for the moves to land in
 
     talking = asyncio.create_task(talk())
     await moving.wait()
@@ -68,7 +73,8 @@ async def test_slots_moved_under_live_rooms_lose_double_and_reorder_nothing(
         await asyncio.to_thread(cluster.move_slot, slot_of(room), target)
         assert cluster.primary_of(slot_of(room)) is target
     await asyncio.to_thread(cluster.move_slot, slot_of(ROOMS[0]), moves[0][1])
-    await asyncio.sleep(0.5)
+    moved = len(sent)  # and sends go on after the last move: 40 rounds, as before the first
+    await wait_until(lambda: len(sent) >= moved + 40 * len(ROOMS), 30, "sends after the moves")
     done.set()
     await talking
 

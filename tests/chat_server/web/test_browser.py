@@ -12,41 +12,17 @@ Nothing downloads a browser: selenium is pointed at /usr/bin/chromedriver and
 
 from __future__ import annotations
 
-import json
 import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from chatlab.harness import FAST_ARGON2, AuthProcess, KeyPair, ServerProcess
+from tests.support import CHROMIUM
+from tests.support.browser import CHROMEDRIVER, PASSWORD, browsers
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-PASSWORD = "correct horse battery"
 XSS = '<img src=x onerror="window.__xss=(window.__xss||0)+1">'
-WAIT_S = 20
-
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMEDRIVER) is None or shutil.which(CHROMIUM) is None,
-    reason=f"no {CHROMEDRIVER} or {CHROMIUM}: CI and the setup script install them",
-)
-
-#: the messages shown for a room, as the page shows them (text, never HTML)
-_MESSAGES_JS = """
-return [...document.querySelectorAll('ol.messages')]
-  .filter(list => list.dataset.room === arguments[0])
-  .flatMap(list => [...list.querySelectorAll('li.message')])
-  .map(li => ({
-    seq: Number(li.dataset.seq),
-    user: li.querySelector('.user').textContent,
-    body: li.querySelector('.body').textContent,
-    origin: ['replayed', 'history', 'live'].find(c => li.classList.contains(c)),
-  }));
-"""
-
 
 #: every element around a room's messages that scrolls them (overflowing, with a scrollbar
 #: style), innermost first, and ``page`` if the page itself scrolls
@@ -63,124 +39,10 @@ return scrollers;
 """
 
 
-class Browser:
-    """One headless chromium session on the chat page, with what a person would do."""
-
-    def __init__(self, name: str, profile: Path) -> None:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        # the network log holds each websocket handshake as Chromium saw it
-        options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-        for flag in (
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--window-size=1200,900",
-            f"--user-data-dir={profile}",
-        ):
-            options.add_argument(flag)
-        self.name = name
-        self.driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-        self.driver.set_page_load_timeout(WAIT_S)
-
-    def wait(self, condition: Callable[[], Any], what: str) -> Any:
-        """Wait until ``condition()`` is truthy; its value."""
-        from selenium.webdriver.support.ui import WebDriverWait
-
-        return WebDriverWait(self.driver, WAIT_S, poll_frequency=0.05).until(
-            lambda _: condition(), f"{self.name}: {what}"
-        )
-
-    def js(self, script: str, *args: Any) -> Any:
-        return self.driver.execute_script(script, *args)
-
-    def field(self, element_id: str) -> Any:
-        from selenium.webdriver.common.by import By
-
-        return self.driver.find_element(By.ID, element_id)
-
-    def open(self, url: str) -> None:
-        self.driver.get(url)
-
-    def online(self) -> None:
-        self.wait(lambda: self.field("connection").text == "online", "connected")
-
-    def sign_in(self, username: str, register: bool) -> None:
-        self.field("username").send_keys(username)
-        self.field("password").send_keys(PASSWORD)
-        self.field("register" if register else "login").click()
-        self.online()
-        assert self.field("whoami").text == f"signed in as {username}"
-
-    def join(self, room: str) -> None:
-        box = self.field("room-name")
-        box.clear()
-        box.send_keys(room)
-        self.field("join").click()
-        self.wait(lambda: self.field("room-title").text == room, f"joined {room}")
-
-    def say(self, body: str) -> None:
-        self.wait(lambda: self.field("body").is_enabled(), "send enabled")
-        self.field("body").send_keys(body)
-        self.field("send").click()
-
-    def messages(self, room: str) -> list[dict[str, Any]]:
-        return list(self.js(_MESSAGES_JS, room))
-
-    def members(self) -> list[str]:
-        return list(
-            self.js(
-                "return [...document.querySelectorAll('#members li')].map(li => li.dataset.user)"
-            )
-        )
-
-    def websocket_extensions(self) -> list[tuple[str, str]]:
-        """(offered, answered) ``Sec-WebSocket-Extensions`` of each websocket handshake
-        since the last call, from Chromium's network log."""
-        pairs = []
-        for entry in self.driver.get_log("performance"):
-            event = json.loads(entry["message"])["message"]
-            if event["method"] == "Network.webSocketHandshakeResponseReceived":
-                response = event["params"]["response"]
-                offered = _header(response.get("requestHeaders", {}), "Sec-WebSocket-Extensions")
-                pairs.append((offered, _header(response["headers"], "Sec-WebSocket-Extensions")))
-        return pairs
-
-    def close(self) -> None:
-        self.driver.quit()
-
-
-def _header(headers: dict[str, str], name: str) -> str:
-    """A header's value whatever its case ("" when absent)."""
-    return next((v for k, v in headers.items() if k.lower() == name.lower()), "")
-
-
-@contextmanager
-def browsers(tmp_path: Path, *names: str) -> Iterator[list[Browser]]:
-    """Independent browser sessions; each one's screenshot is saved if the block fails."""
-    opened: list[Browser] = []
-    try:
-        for name in names:
-            opened.append(Browser(name, tmp_path / f"profile-{name}"))
-        yield opened
-    except BaseException:
-        for browser in opened:
-            shot = tmp_path / f"failure-{browser.name}.png"
-            try:
-                browser.driver.save_screenshot(str(shot))
-                print(f"screenshot of {browser.name}: {shot}")
-            except Exception as exc:  # the browser itself may be what failed
-                print(f"no screenshot of {browser.name}: {exc}")
-        raise
-    finally:
-        for browser in opened:
-            browser.close()
+pytestmark = pytest.mark.skipif(
+    shutil.which(CHROMEDRIVER) is None or shutil.which(CHROMIUM) is None,
+    reason=f"no {CHROMEDRIVER} or {CHROMIUM}: CI and the setup script install them",
+)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import asyncio
 import collections
 import contextlib
 import signal
-import time
 from collections.abc import Callable
 
 import pytest
@@ -16,9 +15,16 @@ from websockets.exceptions import ConnectionClosed
 
 from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
 from chat_server.redis_rooms import connect_redis, read_range
-from tests.support import Client, KeyPair, ServerProcess, note_answer, stored_history
+from tests.support import (
+    NO_LIMITS,
+    Client,
+    KeyPair,
+    ServerProcess,
+    note_answer,
+    stored_history,
+    wait_until,
+)
 
-NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}
 ROOM = "retry"
 
 
@@ -131,8 +137,7 @@ async def _fault_then_retry(
 
     collector = asyncio.create_task(collect())
     sending = asyncio.create_task(send_all())
-    while len(acked) < 100:
-        await asyncio.sleep(0.002)
+    await wait_until(lambda: len(acked) >= 100, 30, "100 acks before the fault", interval_s=0.002)
     fault(server)
     await sending
     await collector
@@ -239,19 +244,16 @@ async def test_retries_after_a_redis_outage_over_10s_store_each_message_once(
 
     collector = asyncio.create_task(collect())
     await alice.say(ROOM, "warm-up", ref="warm-up")  # the store's connection is open and idle
-    while "warm-up" not in answers:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1)
+    await wait_until(lambda: "warm-up" in answers, 10, "the warm-up's ack")
+    await asyncio.sleep(1)  # idle: what the ack set going on Redis is done (no client sees it)
     refs = [f"r{i}" for i in range(20)]
     proxy.dropping = True
     try:
         for ref in refs:
             await alice.say(ROOM, f"body of {ref}", ref=ref)
-            await asyncio.sleep(0.01)
-        deadline = time.monotonic() + 40
-        while not all(ref in answers for ref in refs):  # the in-doubt wait runs out
-            assert time.monotonic() < deadline, answers
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.01)  # sends spread over the store's batches
+        # the in-doubt wait runs out
+        await wait_until(lambda: all(ref in answers for ref in refs), 40, lambda: answers)
         assert {a.code for a in answers.values() if isinstance(a, Error)} == {"unavailable"}
     finally:
         proxy.dropping = False
@@ -260,14 +262,15 @@ async def test_retries_after_a_redis_outage_over_10s_store_each_message_once(
     stored_meanwhile = await read_range(reader, ROOM, 0, 2**62, 100)
     await reader.aclose()
     assert {m.ref for m in stored_meanwhile} & refused, "no refused send was stored"
+
     # the client retries every send not acked with its ref until it is acked
-    deadline = time.monotonic() + 30
-    while not all(isinstance(answers.get(ref), Ack) for ref in refs):
-        assert time.monotonic() < deadline, answers
-        for ref in refs:
-            if not isinstance(answers.get(ref), Ack):
-                await alice.say(ROOM, f"body of {ref}", ref=ref)
-        await asyncio.sleep(0.5)
+    async def all_acked() -> bool:
+        unacked = [ref for ref in refs if not isinstance(answers.get(ref), Ack)]
+        for ref in unacked:
+            await alice.say(ROOM, f"body of {ref}", ref=ref)
+        return not unacked
+
+    await wait_until(all_acked, 30, lambda: answers, interval_s=0.5)
     collector.cancel()
     stored = await stored_history(server, keys.mint("reader"), ROOM)
     counts = collections.Counter(m.ref for m in stored)

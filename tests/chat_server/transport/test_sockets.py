@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from chat_server.messages import Send, Welcome
-from tests.support import Client, KeyPair, ServerProcess
+from tests.support import Client, KeyPair, ServerProcess, wait_until
 
 pytestmark = pytest.mark.transports
 
@@ -48,14 +48,13 @@ async def test_a_dropped_slow_consumer_is_reset_and_its_socket_gone(start_server
     await talker.join("slow")
     reading = asyncio.ensure_future(_read_all(talker))  # the talker keeps up
     body = "x" * 3000
-    for _ in range(200):  # 100 messages at a time until the server gives up on the reader
+
+    async def given_up() -> bool:  # 100 messages at a time until the server gives up on it
         for _ in range(100):
             await talker.send(Send(room="slow", body=body))
-        await asyncio.sleep(0.05)
-        if server.stats()["slow_consumer_closes"]:
-            break
-    else:
-        raise AssertionError("the stuck reader was never closed with 1013")
+        return server.stats()["slow_consumer_closes"] > 0
+
+    await wait_until(given_up, 30, "the stuck reader closed with 1013")
     # closed with 1013 and waiting for its closing handshake: the kernel holds at most the
     # bounded send buffer for it (Linux doubles SO_SNDBUF)
     line = _server_side(server, client_port)
@@ -63,12 +62,13 @@ async def test_a_dropped_slow_consumer_is_reset_and_its_socket_gone(start_server
     send_buffer = int(re.search(r"tb(\d+)", line).group(1))  # type: ignore[union-attr]
     assert send_buffer <= 2 * SEND_BUFFER_BYTES, line
     # dropped after CLOSE_TIMEOUT_S with a reset: no FIN-WAIT-1 socket holding its bytes
-    for _ in range(200):
-        line = _server_side(server, client_port)
-        if not line:
-            break
-        await asyncio.sleep(0.05)
-    assert not line, f"the dropped connection's socket is still there:\n{line}"
+    await wait_until(
+        lambda: not _server_side(server, client_port),
+        10,
+        lambda: (
+            f"the dropped connection's socket is still there:\n{_server_side(server, client_port)}"
+        ),
+    )
     reading.cancel()
 
 

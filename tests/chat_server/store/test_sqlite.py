@@ -20,6 +20,7 @@ from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchResult
 from chat_server.store.sqlite import COMMIT_NOW_SIZE, SCHEMA_VERSION, SqliteHistoryStore
+from tests.support import wait_until
 
 TS_MS = 1_732_284_000_123
 
@@ -91,13 +92,6 @@ def write_lock(path: Path) -> Iterator[None]:
         conn.execute("ROLLBACK")
     finally:
         conn.close()
-
-
-async def wait_until(condition: Callable[[], bool]) -> None:
-    """Yield to the loop until ``condition`` holds (a guard, not a timing assertion)."""
-    async with asyncio.timeout(30):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 def stored_seqs(path: Path, room: str = "lobby") -> list[int]:
@@ -454,14 +448,19 @@ async def test_a_checkpoint_starved_of_idle_time_is_raised_to_normal_priority(
     os.sched_setaffinity(0, {core})
     os.sched_setaffinity(store.checkpointer.tid or 0, {core})
     try:
-        async with asyncio.timeout(30):
-            while store.checkpointer.catch_ups == 0:
-                for _ in range(50):
-                    store.submit(make_message(body="x" * 3000), None)
-                spin_until = time.monotonic() + 0.05
-                while time.monotonic() < spin_until:  # busy, yet timers still run
-                    pass
-                await store.flush()
+
+        async def caught_up() -> bool:
+            if store.checkpointer.catch_ups:
+                return True
+            for _ in range(50):
+                store.submit(make_message(body="x" * 3000), None)
+            spin_until = time.monotonic() + 0.05
+            while time.monotonic() < spin_until:  # busy (the load under test), yet timers run
+                pass
+            await store.flush()
+            return False
+
+        await wait_until(caught_up, 30, "a catch-up checkpoint", interval_s=0)
         # raised while it ran, and idle again once that checkpoint ended
         await store.flush()
     finally:
@@ -570,12 +569,15 @@ async def test_a_wal_file_grown_behind_a_reader_is_cut_back_when_it_restarts(
     reader.execute("COMMIT")
     reader.close()
     restarts = store.checkpointer.wal_restarts
-    # one more send a poll, until the checkpointer has restarted the WAL
-    async with asyncio.timeout(30):
-        while store.checkpointer.wal_restarts == restarts:
-            store.submit(make_message(body="after"), None)
-            await store.flush()
-            await asyncio.sleep(0.05)
+
+    async def restarted() -> bool:  # one more send a poll, until the checkpointer restarted it
+        if store.checkpointer.wal_restarts != restarts:
+            return True
+        store.submit(make_message(body="after"), None)
+        await store.flush()
+        return False
+
+    await wait_until(restarted, 30, "a WAL restart")
     assert wal.stat().st_size <= 256 << 10
     assert (await store.history("lobby", None, 1))[0].body == "after"
 
@@ -590,29 +592,31 @@ async def test_a_reader_blocking_checkpoints_bounds_the_wal_with_unavailable(
     try:
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM messages").fetchone()  # holds this snapshot
-        refused = None
-        async with asyncio.timeout(60):
-            while refused is None:
-                try:
-                    for _ in range(20):
-                        store.submit(make_message(body="y" * 3000), None)
-                except StoreUnavailable as exc:
-                    refused = exc
-                await store.flush()
-                await asyncio.sleep(0.01)
+
+        async def refusal() -> StoreUnavailable | None:  # sends until the WAL bound refuses
+            try:
+                for _ in range(20):
+                    store.submit(make_message(body="y" * 3000), None)
+            except StoreUnavailable as exc:
+                return exc
+            await store.flush()
+            return None
+
+        refused = await wait_until(refusal, 60, "a send refused", interval_s=0.01)
         assert "checkpoint is blocked" in str(refused)
         assert db_path.with_name(db_path.name + "-wal").stat().st_size < 4 << 20
     finally:
         reader.execute("COMMIT")
         reader.close()
-    # the reader let go: a checkpoint catches up and sends are taken again
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                store.submit(make_message(body="after"), None)
-                break
-            except StoreUnavailable:
-                await asyncio.sleep(0.05)
+
+    def taken() -> bool:  # the reader let go: a checkpoint catches up, sends are taken again
+        try:
+            store.submit(make_message(body="after"), None)
+        except StoreUnavailable:
+            return False
+        return True
+
+    await wait_until(taken, 30, "a send taken again")
     await store.flush()
     assert (await store.history("lobby", None, 1))[0].body == "after"
 

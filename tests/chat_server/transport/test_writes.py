@@ -55,16 +55,15 @@ async def test_a_burst_read_at_once_reaches_each_member_in_one_write(
     for member in members:
         await member.expect(Welcome)
         await member.join("burst")
-    await asyncio.sleep(0.5)  # the joins' presence frames are written and counted before
+    last = f"member{MEMBERS - 1}"
 
-    async def read_what_waits(member: Client) -> None:
-        while True:  # read what is waiting (presence), so the counts below are the burst's
-            try:
-                await member.recv(timeout_s=0.2)
-            except TimeoutError:
-                return
+    async def read_the_joins_presence(member: Client) -> None:
+        # presence goes to the other members in join order: the last join's is the last frame
+        while not (isinstance(frame := await member.recv(), Presence) and frame.user == last):
+            pass
 
-    await asyncio.gather(*(read_what_waits(member) for member in members))  # 0.2 s, not 10 x
+    # every frame before the burst received, so the counts below are the burst's
+    await asyncio.gather(*(read_the_joins_presence(member) for member in members[:-1]))
     sender = members[0]
     protocol = sender.conn.protocol
     for i in range(BURST):

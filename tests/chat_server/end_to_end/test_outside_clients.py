@@ -13,7 +13,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from chat_server.messages import Error, Joined, Welcome
-from tests.support import Client, KeyPair, ServerProcess
+from tests.support import Client, KeyPair, ServerProcess, wait_until
 
 pytestmark = pytest.mark.transports
 
@@ -55,7 +55,8 @@ async def test_debug_logs_hold_no_token(start_server, keys: KeyPair, transport: 
     with pytest.raises(InvalidStatus):
         await connect(f"{server.url}?token={expired}", open_timeout=10)
     await alice.close()
-    await asyncio.sleep(0.3)  # the server logs the closes
+    # the server saw the closes (and logged what it logs of them)
+    await wait_until(lambda: server.stats()["connections"] == 0, 10, "the server seeing the closes")
     log = server.log_path.read_text()
     assert "debug" in log.lower() or "DEBUG" in log, "the server did not log at debug"
     for token in (by_header, by_query, expired):

@@ -33,7 +33,7 @@ from chat_server.core.idempotency import RecentSends
 from chat_server.messages import Ack, Error, History, HistoryRequest, Join, Message, Send
 from chat_server.settings import Settings
 from chat_server.wiring import build_service
-from tests.support import InProcessConnection, RedisProcess, settled
+from tests.support import InProcessConnection, RedisProcess, settled, wait_until
 
 USERS = st.sampled_from(["alice", "bob"])
 #: few refs and bodies, so that reuse and repeats are the common case
@@ -169,6 +169,12 @@ async def _run_program(program: list[list[tuple[int, str, str]]], services: list
         for service in services:
             await settled(service)
         sent: dict[int, list[Key]] = {id(conn): [] for conn in conns}
+
+        async def answered() -> bool:  # every send so far answered
+            for service in services:
+                await settled(service)
+            return all(len(c.of(Ack)) + len(c.of(Error)) == len(sent[id(c)]) for c in conns)
+
         for step in program:
             for index, ref, body in step:
                 conn = conns[index]
@@ -176,20 +182,15 @@ async def _run_program(program: list[list[tuple[int, str, str]]], services: list
                 sent[id(conn)].append((conn.session.user, ref, body))
             # a commit point: every send so far answered (on Redis an ack waits for the
             # batch to come back through the broker)
-            for _ in range(500):
-                for service in services:
-                    await settled(service)
-                if all(len(c.of(Ack)) + len(c.of(Error)) == len(sent[id(c)]) for c in conns):
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until(answered, 10, "every send answered", interval_s=0.01)
         reader = conns[0]
         reader.send(HistoryRequest(room=room, limit=500))
-        for _ in range(500):
+
+        async def page() -> list[History]:
             await settled(services[0])
-            if reader.of(History):
-                break
-            await asyncio.sleep(0.01)
-        (history,) = reader.of(History)
+            return reader.of(History)
+
+        (history,) = await wait_until(page, 10, "the history page", interval_s=0.01)
         stored = {m.seq: (m.user, m.ref, m.body) for m in history.messages}
         every_key = {key for keys in sent.values() for key in keys}
         # each (user, ref, body) stored once, and nothing stored that was not sent

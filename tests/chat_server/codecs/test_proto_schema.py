@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from chat_server import messages
 from chat_server.codecs import chat_pb2
 
-PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
+PROTO_DIR = Path(__file__).resolve().parents[3] / "proto"
 
 _Proto = TypeVar("_Proto", bound=Message)
 

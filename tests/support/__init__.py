@@ -45,6 +45,7 @@ __all__ = [
     "AUDIENCE",
     "CHROMIUM",
     "ISSUER",
+    "NO_LIMITS",
     "ROOT",
     "Client",
     "InProcessConnection",
@@ -69,6 +70,8 @@ __all__ = [
 
 
 CHROMIUM = "/usr/bin/chromium"
+#: chat server settings that take rate limits out of a test's way
+NO_LIMITS = {"rate_limit_per_s": 100000, "rate_limit_burst": 100000}
 
 
 def chromium_dom(page: Path, profile: Path, width: int = 1280) -> str:
@@ -99,21 +102,24 @@ def chromium_dom(page: Path, profile: Path, width: int = 1280) -> str:
 async def wait_until(
     condition: Callable[[], Any | Awaitable[Any]],
     timeout_s: float = 30,
-    what: str = "",
+    what: str | Callable[[], Any] = "",
     interval_s: float = 0.05,
-) -> None:
-    """Return once ``condition()`` (a function or a coroutine function) is true, polling;
-    AssertionError naming ``what`` after ``timeout_s`` (a guard against hanging, not a
-    timing assertion: give it room)."""
+) -> Any:
+    """Return ``condition()``'s first true value (a function or a coroutine function),
+    polling; AssertionError naming ``what`` after ``timeout_s`` (a guard against hanging,
+    not a timing assertion: give it room). ``what`` may be a function, called at the
+    timeout for the state to show (a log, the values seen). A sync test runs it with
+    ``asyncio.run``."""
     deadline = time.monotonic() + timeout_s
     while True:
         outcome = condition()
         if inspect.isawaitable(outcome):
             outcome = await outcome
         if outcome:
-            return
+            return outcome
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what or condition}")
+            shown = what() if callable(what) else what
+            raise AssertionError(f"not within {timeout_s:g} s: {shown or condition}")
         await asyncio.sleep(interval_s)
 
 

@@ -1,6 +1,6 @@
 """The web chat page as served on the chat server's port, on both transports.
 
-What a browser does with it is ``tests/chat_server/test_web_browser.py``'s; here: the files, their
+What a browser does with it is ``tests/chat_server/web/test_browser.py``'s; here: the files, their
 headers, the generated configuration, and that nothing else on the port changed.
 """
 

@@ -1,0 +1,30 @@
+"""The lab's figures stated by hand, for tests that compute the lab's functions themselves."""
+
+from __future__ import annotations
+
+from bench.lab.scaling import Figure, Parts
+
+__all__ = ["given", "hand_parts"]
+
+
+def given(value: float) -> Figure:
+    """A figure stated by hand, not measured."""
+    return Figure.given(value, "", "by hand")
+
+
+def hand_parts(logins_per_cpu_s: float) -> Parts:
+    """The function's parts by hand: u1 20 µs/frame, beta 2 µs/frame per further process
+    (20 µs per message in rooms of 10), knee 48,000 delivered/s (a process' budget
+    960,000 µs/s), Redis 25 µs per commit and 5 per delivery, 32 KiB per connection."""
+    return Parts(
+        room_size=10,
+        connections=2000,
+        slo="p99=100",
+        u1=given(20),
+        beta=given(2),
+        knee=given(48000),
+        redis_commit_us=given(25),
+        redis_delivery_us=given(5),
+        logins_per_cpu_s=given(logins_per_cpu_s),
+        bytes_per_connection=given(32768),
+    )
