@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.lab.capacity import capacity_plan, edge, parse_slo
-from bench.lab.matrix import MatrixError, available, load_matrix
+from bench.lab.matrix import Config, Matrix, MatrixError, available, load_matrix
 from bench.lab.results import Knee, Results, Run, Step
 from chatlab.harness import ROOT
 
@@ -189,14 +189,24 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
     assert any(c.env.get("WS_DEFLATE") == "shared" for c in climbed)
     low, high = demo.load.cost_rates
     for config in climbed:
-        rates = demo.load_of(config).cost_rates
+        rates = (config.load or demo.load).cost_rates
         deflate = config.env.get("WS_DEFLATE") == "on"
         assert rates == ((low,) if deflate else (low, high)), config.name
+    # the cost steps are paired: every rung, both relays and the profiled baseline share
+    # the server's core in the paired phase, at least five rounds; the climbs take none
+    paired = {c.name for c in demo.paired()}
+    assert demo.load.pairs >= 5 and paired == {c.name for c in [*climbed, *profiled_of(demo)]}
+    assert all(demo.load_of(c).cost_rates == () for c in climbed)
     # what profiling costs is a ratio at the same rate as the baseline's cost step
-    profiled = [c for c in demo.configs if c.profile]
+    profiled = profiled_of(demo)
     assert len(profiled) == 1 and not demo.load_of(profiled[0]).climb
     assert profiled[0].env == baseline.env
     assert demo.load_of(profiled[0]).rates == (low,)
+
+
+def profiled_of(matrix: Matrix) -> list[Config]:
+    """The matrix's profiled configurations."""
+    return [c for c in matrix.configs if c.profile]
 
 
 @pytest.mark.parametrize(
@@ -220,6 +230,8 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
         ("[load]\nmemory_traffic=['busy']\n[[config]]\nname='a'\n", "memory_traffic must"),
         ("[load]\nmemory_connections=15\n[[config]]\nname='a'\n", "multiple of 10"),
         ("[load]\nwire_messages=-1\n[[config]]\nname='a'\n", "must be >= 0"),
+        ("[load]\npairs=2\n[[config]]\nname='a'\n", "pairs must be 0 or at least 5"),
+        ("[[config]]\nname='a'\nload={pairs=6}\n", "pairs belongs to the matrix"),
     ],
 )
 def test_a_bad_matrix_file_is_refused_naming_the_problem(

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.lab.ladder import delivered_label, floor_text
 from bench.lab.matrix import offers_deflate
+from bench.lab.pairs import FIGURE_BOUNDS
 from bench.lab.plots import DRIVER_TITLES, Plot, StepKey, config_names
 from bench.lab.report.analysis import LATENCIES, RATIO_FIGURES, Analysis, Row
 from bench.lab.report.formatting import (
@@ -297,7 +298,7 @@ def _ratio_table(analysis: Analysis, key: StepKey, by_config: dict[str, Row]) ->
                         row.figures.get(n),
                         base.figures.get(n),
                         floors.get(n),
-                        busy=row.busy or base.busy,
+                        busy=(row.busy or base.busy) and FIGURE_BOUNDS.get(n) != "floor",
                     )
                     for n in RATIO_FIGURES
                 ),
