@@ -195,7 +195,7 @@ class Matrix:
         if not configs:
             return 0.0
         steps = sum(len((c.load or self.load).cost_rates) for c in configs)
-        step_s = self.load.cost_step_s + self.load.drain_s + 0.3
+        step_s = self.load.cost_step_s + min(self.load.drain_s, 0.2) + 0.2
         return len(configs) * (4 + self.load.warmup_s) + self.load.pairs * steps * step_s
 
     def estimate_s(self, repeat: int, per_run_overhead_s: float = 3.0) -> float:
