@@ -12,17 +12,19 @@ holds in *every* repeat (repeat i against the baseline's repeat i) and exceeds t
 floor: the A/A pair's own difference when the matrix has one, else the largest
 repeat-to-repeat spread of any rung that is not a lower bound, and never less than the
 climb's resolution (a setting of each climb, read from the run: :func:`climb_resolution`).
-Otherwise it is "not confirmed", with the reason. A knee that is a
-lower bound (the driver was the limit, or nothing broke up to the climb's top rate) makes
-a "higher" claim a lower bound and a "lower" claim impossible.
+Otherwise it is "not confirmed", with the reason; a knee that rests on a step whose
+server core was busy (:func:`step_busy`) reads "not confirmed: the server's core was
+busy", whatever its size. A knee that is a lower bound (the driver was the limit, or
+nothing broke up to the climb's top rate) makes a "higher" claim a lower bound and a
+"lower" claim impossible.
 
 Beside each knee, what a frame costs: the server's CPU µs per delivered frame at the
-matrix's stated cost rates (``Step.cost`` steps, made before each climb). It holds where a
+matrix's stated cost rates (``Step.cost`` steps: from the paired phase where the
+configuration took part, else made before each climb; :func:`costs_of`). It holds where a
 knee is only a lower bound, so it is the first measure. Costs are compared with the rung
 before (what that step of the ladder bought), the baseline and the relay of the same
-transport, by the same rule against their own floor (:func:`pairwise_floor` of the A/A
-pair at that rate). A difference that rests on a busy step (:mod:`bench.lab.machine`)
-reads "not confirmed: the machine was busy", whatever its size.
+transport pair by pair, by :mod:`bench.lab.pairs`' statistic against the A/A pair's
+paired floor at that rate, whatever the machine did (:func:`compare_costs`).
 
 No I/O: the report draws and renders what this returns.
 """

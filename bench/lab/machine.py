@@ -4,11 +4,14 @@ A load measurement owns the machine. When other processes use a core the server 
 driver wanted, or the host steals the virtual CPUs, a figure measures the machine, not
 the server. The lab samples both through every step (the driver over each step's exact
 window, the sampler every half second) and this module decides, with plain numbers,
-whether a step was *busy*. A busy step's differences read "not confirmed: the machine
-was busy", apart from noise, and a report with busy steps opens by saying so.
+whether a step was *busy*: over the whole host (what the report says the machine did)
+and over the server's own core (:func:`core_load`: what voids a knee or a percentile;
+:mod:`bench.lab.pairs` says which figure each bound judges). CPU per frame, the
+server's own CPU time, is judged against its paired floor instead, whatever the
+machine did.
 
-:func:`busy_reasons` and :func:`machine_verdict` are pure; :func:`read_host` and
-:func:`tree_cpu_s` read ``/proc`` through psutil.
+:func:`busy_reasons`, :func:`core_load` and :func:`machine_verdict` are pure;
+:func:`read_host` and :func:`tree_cpu_s` read ``/proc`` through psutil.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ QUIET_WAIT_S = 60.0
 #: ... and wants this many quiet seconds in a row before it starts
 QUIET_SECONDS = 3
 
-BUSY = "the machine was busy"
 #: why a knee or a percentile is not confirmed when a step that decided it was busy
 CORE_BUSY = "the server's core was busy"
 

@@ -69,7 +69,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
     header += ["driver ceiling", "of its transport's floor", "vs baseline"]
     header += [f"vs {r.config}" for r in relays]
     header += [f"µs/frame at {delivered_label(rate, room)}" for rate in found.cost_rates]
-    header += ["stalls / re-runs"]
+    header += ["stalls / re-runs / busy re-runs"]
     rows = []
     for rung in found.rungs:
         versus = found.against_baseline.get(rung.config)
@@ -97,7 +97,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
         row += [
             rung.costs[rate].label() if rate in rung.costs else EMPTY for rate in found.cost_rates
         ]
-        row.append(f"{rung.stalled_steps} / {rung.reruns}")
+        row.append(f"{rung.stalled_steps} / {rung.reruns} / {rung.busy_reruns}")
         rows.append(row)
     blocks.append(Table(header, rows))
     blocks += cost_blocks(found)
