@@ -101,6 +101,7 @@ def fast_driver(
         server_pid=server_pid,
         lab_pid=os.getpid() if server_pid is not None else None,
         server_cores=server_cores,
+        body_chars=load.body_chars or None,
     )
 
 

@@ -556,14 +556,15 @@ def compare(rung: Rung, reference: Rung, floor: float) -> Comparison:
         rung.config, reference.config, [a / b for a, b, _ in pairs], "not confirmed"
     )
     result.lower_bound, result.upper_bound = rung.lower_bound, reference.lower_bound
+    busy = any(busy for *_, busy in pairs)
     near = [r.config for r in (rung, reference) if r.near_ceiling]
-    if near and pairs:
+    if near and pairs and not busy:
         result.reason = (
             f"{' and '.join(near)}: knee above {CEILING_SHARE:.0%} of the driver's ceiling "
             "(compared by CPU per frame instead)"
         )
         return result
-    return _judge(result, floor, busy=any(busy for *_, busy in pairs))
+    return _judge(result, floor, busy=busy)
 
 
 def _judge(result: Comparison, floor: float, *, busy: bool) -> Comparison:

@@ -68,6 +68,8 @@ class Load:
     # ``cost_step_s`` each: the server's CPU µs per delivered frame at a stated load
     cost_rates: tuple[float, ...] = ()
     cost_step_s: float = 4.0
+    # the message body's length the fast driver sends (0: the driver's least, 60)
+    body_chars: int = 0
     # the matrix's [load] only: rounds of the paired cost phase (bench.lab.pairs). The
     # configurations with cost_rates that can share the server's core (one process, the
     # lab's pinning) are started together and their cost steps taken one at a time, A B

@@ -109,8 +109,9 @@ class Step:
     # a step at a share of the climb's knee, held longer than the climb's steps, after the
     # climb: whether the knee holds sustained or only in bursts; never part of the climb
     sustain: bool = False
-    # counters read by the fast driver at the send phase's start and end (``window_s``
-    # apart; None where it was not told the server's pid): CPU seconds (user + system) of
+    # counters read by the fast driver at the send phase's start and at the end of its
+    # drain (``window_s`` apart; None where it was not told the server's pid): CPU
+    # seconds (user + system) of
     # the server's process tree, of processes outside the lab, and the host's steal,
     # summed over every core
     window_s: float = 0.0

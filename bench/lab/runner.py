@@ -352,6 +352,7 @@ class Lab:
                 ],
                 "connections": load.connections,
                 "room_size": load.room_size,
+                "body_chars": load.body_chars,
                 "step_s": load.cost_step_s,
                 "warmup_s": load.warmup_s,
                 "drain_s": min(load.drain_s, PAIRED_DRAIN_S),

@@ -365,6 +365,7 @@ class DriverArgs:
     lab_pid: int | None = None
     retry: bool = False
     server_cores: str = "off"
+    body_chars: int | None = None
 
     def argv(self) -> list[str]:
         """The driver's arguments (after ``python -m bench.lab.driver``)."""
@@ -392,6 +393,7 @@ class DriverArgs:
             "--sustain-s": self.sustain_s,
             "--server-pid": self.server_pid,
             "--lab-pid": self.lab_pid,
+            "--body-chars": self.body_chars,
         }
         for flag, value in optional.items():
             if value is not None:

@@ -450,6 +450,11 @@ class Driver:
                 runq_after_ns = runq_wait_ns()
                 if runq_before_ns is not None and runq_after_ns is not None:
                     recorder.runq_wait_share = (runq_after_ns - runq_before_ns) / elapsed_ns
+            if flush_ns == stop_ns:
+                # the window closes after the drain: the server's CPU then holds the work
+                # of every frame the step counts as delivered, those still in flight when
+                # the sends stopped too (at 1-s steps and tens of ms of latency, cutting
+                # it at the send phase's end moved CPU per frame by several per cent)
                 self._close_window(recorder, window_before, self._window_counters())
             self._flush(recorder)
             if (flush_ns - start_ns) % POINT_INTERVAL_NS == 0 or flush_ns in (end_ns, stop_ns):
