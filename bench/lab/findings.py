@@ -231,7 +231,7 @@ def profiling_sentence(comparison: Comparison, room_size: int) -> str:
     return (
         f"Profiling (PROFILE=cprofile) costs {comparison.ratio_text()} the server's CPU per "
         f"frame at {delivered_label(comparison.rate, room_size)}: {comparison.config} against "
-        f"{comparison.reference}, same rate, repeat by repeat ({verdict})."
+        f"{comparison.reference}, same rate, pair by pair ({verdict})."
     )
 
 
