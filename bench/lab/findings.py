@@ -99,7 +99,7 @@ def what_was_busy(found: Ladder) -> list[str]:
     """One line per kind of figure: what the machine did over its steps and what that
     voided (:data:`bench.lab.pairs.FIGURE_BOUNDS`). CPU per frame is judged against its
     paired A/A floor whatever the machine did; knees and percentiles are voided by a
-    step whose server core was busy (:func:`bench.lab.ladder.step_busy`)."""
+    step whose server core was busy (:func:`bench.lab.pairs.step_busy`)."""
     bounds = (
         f"other work past {OTHERS_LIMIT_PERCENT:g} % of it or steal past "
         f"{STEAL_LIMIT_MS_PER_S:g} ms/s there"

@@ -13,7 +13,7 @@ floor: the A/A pair's own difference when the matrix has one, else the largest
 repeat-to-repeat spread of any rung that is not a lower bound, and never less than the
 climb's resolution (a setting of each climb, read from the run: :func:`climb_resolution`).
 Otherwise it is "not confirmed", with the reason; a knee that rests on a step whose
-server core was busy (:func:`step_busy`) reads "not confirmed: the server's core was
+server core was busy (:func:`bench.lab.pairs.step_busy`) reads "not confirmed: the server's core was
 busy", whatever its size. A knee that is a lower bound (the driver was the limit, or
 nothing broke up to the climb's top rate) makes a "higher" claim a lower bound and a
 "lower" claim impossible.
@@ -38,14 +38,20 @@ from dataclasses import dataclass, field
 
 from bench.lab.machine import (
     CORE_BUSY,
-    MachineLoad,
     MachineVerdict,
-    core_load,
     is_busy,
     machine_verdict,
 )
 from bench.lab.matrix import Load
-from bench.lab.pairs import PairedRatio, floor_of, paired_ratio, paired_verdict, voided
+from bench.lab.pairs import (
+    PairedRatio,
+    core_step_load,
+    floor_of,
+    paired_ratio,
+    paired_verdict,
+    step_busy,
+    step_load,
+)
 from bench.lab.results import Knee, Results, Run, Step, climbed_steps, edge, parse_slo
 
 #: the climb's bisection resolution where a run does not record its own (the default of
@@ -70,13 +76,6 @@ def pairwise_floor(a: Sequence[float | None], b: Sequence[float | None]) -> floa
         if x is not None and y is not None and min(x, y) > 0
     ]
     return max(diffs) if diffs else None
-
-
-def step_load(step: Step) -> MachineLoad | None:
-    """What else ran on the machine over ``step``'s window (None: not read)."""
-    if step.others_cpu_s is None or step.steal_s is None:
-        return None
-    return MachineLoad.over(step.window_s, step.others_cpu_s, step.steal_s)
 
 
 @dataclass
@@ -443,27 +442,6 @@ def _knee_busy(run: Run, knee: Knee) -> bool:
     return any(step_busy(s) for s in deciding)
 
 
-def core_step_load(step: Step) -> MachineLoad | None:
-    """What else ran on ``step``'s server core (None: its core was not read)."""
-    return core_load(
-        step.window_s,
-        step.server_core_busy_s,
-        step.server_core_steal_s,
-        step.server_cpu_s,
-        step.idle_cpu_s,
-    )
-
-
-def step_busy(step: Step) -> bool:
-    """Whether ``step``'s knee and percentiles are void: its server core was busy
-    (:func:`bench.lab.pairs.voided`); by the whole host's load where the core was not
-    read (results saved before the lab read it)."""
-    core = core_step_load(step)
-    if core is not None or step.server_core_busy_s is not None:
-        return voided("knee", core)
-    return is_busy(step_load(step))
-
-
 def noise_floor(rungs: list[Rung], results: Results) -> tuple[float, str]:
     """The relative difference below which two knees are not told apart, and its source;
     never below the climb's resolution (:func:`climb_resolution`)."""
@@ -568,8 +546,9 @@ def compare(rung: Rung, reference: Rung, floor: float) -> Comparison:
 
 
 def _judge(result: Comparison, floor: float, *, busy: bool) -> Comparison:
-    """The verdict on ``result``'s ratios: beyond ``floor`` in every repeat, on a real
-    edge, on a quiet machine; otherwise "not confirmed" with the reason."""
+    """The verdict on knees' ratios: beyond ``floor`` in every repeat, on a real edge,
+    no deciding step busy on the server's core; otherwise "not confirmed" with the
+    reason."""
     ratios = result.ratios
     rung, reference = result.config, result.reference
     if not ratios:

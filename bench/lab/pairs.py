@@ -20,7 +20,7 @@ is the server's own CPU time (its threads' schedstat), which time the host steal
 charged to, and other work on its core mostly is not either, so it is judged against
 its paired floor whatever the machine did (the report says what it did). A knee and a
 percentile are time as the clients see it: a step whose server core was busy
-(:func:`bench.lab.machine.core_load`) voids them.
+(:func:`bench.lab.machine.core_load`, :func:`step_busy`) voids them.
 
 No I/O.
 """
@@ -32,7 +32,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.lab.machine import MachineLoad, is_busy
+from bench.lab.machine import MachineLoad, core_load, is_busy
+from bench.lab.results import Step
 
 #: two-sided 95 % quantiles of Student's t by degrees of freedom; between two rows the
 #: lower row's (the wider interval), beyond the last the normal's 1.96
@@ -155,3 +156,31 @@ def pair_order(names: Sequence[str], rounds: int) -> list[tuple[int, str]]:
         for name in names if k % 2 == 0 else list(reversed(names)):
             order.append((k, name))
     return order
+
+
+def step_load(step: Step) -> MachineLoad | None:
+    """What else ran on the machine over ``step``'s window (None: not read)."""
+    if step.others_cpu_s is None or step.steal_s is None:
+        return None
+    return MachineLoad.over(step.window_s, step.others_cpu_s, step.steal_s)
+
+
+def core_step_load(step: Step) -> MachineLoad | None:
+    """What else ran on ``step``'s server core (None: its core was not read)."""
+    return core_load(
+        step.window_s,
+        step.server_core_busy_s,
+        step.server_core_steal_s,
+        step.server_cpu_s,
+        step.idle_cpu_s,
+    )
+
+
+def step_busy(step: Step) -> bool:
+    """Whether ``step``'s knee and percentiles are void: its server core was busy
+    (:func:`voided`); by the whole host's load where the core was not
+    read (results saved before the lab read it)."""
+    core = core_step_load(step)
+    if core is not None or step.server_core_busy_s is not None:
+        return voided("knee", core)
+    return is_busy(step_load(step))

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.lab.ladder import Ladder, ladder, pairwise_floor, step_busy, step_load
+from bench.lab.ladder import Ladder, ladder, pairwise_floor
 from bench.lab.machine import MachineVerdict, machine_verdict
+from bench.lab.pairs import step_busy, step_load
 from bench.lab.plots import Spread, StepKey, compared_steps, samples_during, spread
 from bench.lab.report.formatting import GENERATOR_LIMITED
 from bench.lab.results import HEADLINE_SLO_MS, SEED_SLO_MS, Results, Run, Step

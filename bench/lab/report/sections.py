@@ -148,10 +148,13 @@ def noise_floor_blocks(analysis: Analysis) -> list[Block]:
     blocks.append(
         Para(
             f"The A/A pair ({pair}) has identical settings, so the difference between its "
-            "two configurations is noise: a figure's floor is the largest relative "
-            "difference between them in any repeat. A difference is claimed only when it "
-            "exceeds its own figure's floor in every repeat, on a quiet machine. These are "
-            "the floors every section quotes."
+            "two configurations is noise. CPU per frame's floor is how far the A/A pair's "
+            "paired ratio (its pairs' mean log-ratio with a 95 % t interval) reaches from "
+            "1, and a difference is claimed when its own interval lies beyond it, whatever "
+            "the machine did. Every other figure's floor is the largest relative difference "
+            "between the two in any repeat, and a difference is claimed when it exceeds it "
+            "in every repeat and no step it rests on was busy on the server's core. These "
+            "are the floors every section quotes."
         )
     )
     rows = []
