@@ -69,6 +69,7 @@ def fast_driver(
     json_out: Path,
     t0_monotonic: float | None = None,
     server_pid: int | None = None,
+    server_cores: str = "off",
 ) -> DriverArgs:
     """The fast driver's arguments for ``load`` against ``url`` (a climb where ``load``
     climbs), for a target with the toggles ``env``."""
@@ -99,6 +100,8 @@ def fast_driver(
         # every step's window reads the server's CPU and what else ran
         server_pid=server_pid,
         lab_pid=os.getpid() if server_pid is not None else None,
+        server_cores=server_cores,
+        body_chars=load.body_chars or None,
     )
 
 

@@ -17,14 +17,14 @@ from bench.lab.ladder import (
     delivered_label,
     floor_text,
 )
+from bench.lab.machine import OTHERS_LIMIT_PERCENT, STEAL_LIMIT_MS_PER_S
 
 
 def findings(found: Ladder) -> list[str]:
-    """The sentences the report opens with: the machine first when it was busy, then what
-    a frame cost, what held, what differed, and what is not confirmed and why."""
-    sentences: list[str] = []
-    if found.machine.busy:
-        sentences.append(found.machine.sentence())
+    """The sentences the report opens with: what was busy and what that voided (one line
+    per kind of figure), then what a frame cost, what held, what differed, and what is
+    not confirmed and why."""
+    sentences = what_was_busy(found)
     base = found.baseline
     shape = _shape(found.rungs)
     if base is not None:
@@ -91,9 +91,84 @@ def findings(found: Ladder) -> list[str]:
         )
     else:
         sentences.append("No climb step showed a stall.")
-    if not found.machine.busy:
-        sentences.append(found.machine.sentence())
+    sentences.append(found.machine.sentence())
     return sentences
+
+
+def what_was_busy(found: Ladder) -> list[str]:
+    """One line per kind of figure: what the machine did over its steps and what that
+    voided (:data:`bench.lab.pairs.FIGURE_BOUNDS`). CPU per frame is judged against its
+    paired A/A floor whatever the machine did; knees and percentiles are voided by a
+    step whose server core was busy (:func:`bench.lab.pairs.step_busy`)."""
+    bounds = (
+        f"other work past {OTHERS_LIMIT_PERCENT:g} % of it or steal past "
+        f"{STEAL_LIMIT_MS_PER_S:g} ms/s there"
+    )
+    lines = []
+    if found.cost_rates:
+        core, host = found.cost_core, found.cost_machine
+        if found.paired_rounds:
+            how = (
+                f"{found.paired_rounds} paired rounds, A B B A, of the servers sharing the "
+                "server's core"
+            )
+            if found.idle_percent is not None:
+                mean, most = found.idle_percent
+                how += f" (the idle ones used {mean:.1f} % of it, at most {most:.1f} %)"
+        else:
+            how = "the runs' cost steps, repeat by repeat"
+        did = (
+            f"the host stole {host.mean_steal_ms_per_s:.1f} ms/s on average (up to "
+            f"{host.worst_steal_ms_per_s:.1f})"
+            if host.windows
+            else "the host's steal was not recorded"
+        )
+        if core.windows:
+            did += (
+                f", and other work used {core.mean_others_percent:.0f} % of the server's core "
+                f"(up to {core.worst_others_percent:.0f} %; {core.busy_windows} of "
+                f"{core.windows} steps past the bounds)"
+            )
+        lines.append(
+            f"CPU per frame: from {how}, judged against the A/A pair's paired floor whatever "
+            f"the machine did: over its steps {did}. Nothing voided."
+        )
+    climb = found.climb_core
+    voided = [r.config for r in found.rungs if any(r.busy)]
+    reruns = sum(r.busy_reruns for r in found.rungs)
+    if climb.windows:
+        lines.append(
+            f"Knees: {reruns} climb step(s) were measured again because the server's core "
+            f"was busy ({bounds}; at most twice each); of the {climb.windows} steps kept, "
+            f"{climb.busy_windows} were still busy. "
+            + (
+                f"Knees resting on one are voided: {', '.join(voided)}."
+                if voided
+                else "No knee rests on a busy step."
+            )
+        )
+    elif found.rungs and found.machine.busy:
+        lines.append(
+            "Knees: the server's core was not read in these results, so a knee is judged by "
+            "the whole machine's load instead. "
+            + (
+                f"Knees resting on a busy step are voided: {', '.join(voided)}."
+                if voided
+                else "No knee rests on a busy step."
+            )
+        )
+    fixed = found.fixed_core
+    if fixed.windows:
+        lines.append(
+            f"Percentiles: {fixed.busy_windows} of {fixed.windows} fixed-rate steps were busy "
+            f"on the server's core ({bounds})"
+            + (
+                "; differences that rest on them are not confirmed."
+                if fixed.busy
+                else "; none is voided."
+            )
+        )
+    return lines
 
 
 def floor_fraction(rung: Rung, floor: Rung) -> str:
@@ -156,7 +231,7 @@ def profiling_sentence(comparison: Comparison, room_size: int) -> str:
     return (
         f"Profiling (PROFILE=cprofile) costs {comparison.ratio_text()} the server's CPU per "
         f"frame at {delivered_label(comparison.rate, room_size)}: {comparison.config} against "
-        f"{comparison.reference}, same rate, repeat by repeat ({verdict})."
+        f"{comparison.reference}, same rate, pair by pair ({verdict})."
     )
 
 

@@ -12,17 +12,19 @@ holds in *every* repeat (repeat i against the baseline's repeat i) and exceeds t
 floor: the A/A pair's own difference when the matrix has one, else the largest
 repeat-to-repeat spread of any rung that is not a lower bound, and never less than the
 climb's resolution (a setting of each climb, read from the run: :func:`climb_resolution`).
-Otherwise it is "not confirmed", with the reason. A knee that is a
-lower bound (the driver was the limit, or nothing broke up to the climb's top rate) makes
-a "higher" claim a lower bound and a "lower" claim impossible.
+Otherwise it is "not confirmed", with the reason; a knee that rests on a step whose
+server core was busy (:func:`bench.lab.pairs.step_busy`) reads "not confirmed: the server's core was
+busy", whatever its size. A knee that is a lower bound (the driver was the limit, or
+nothing broke up to the climb's top rate) makes a "higher" claim a lower bound and a
+"lower" claim impossible.
 
 Beside each knee, what a frame costs: the server's CPU µs per delivered frame at the
-matrix's stated cost rates (``Step.cost`` steps, made before each climb). It holds where a
+matrix's stated cost rates (``Step.cost`` steps: from the paired phase where the
+configuration took part, else made before each climb; :func:`costs_of`). It holds where a
 knee is only a lower bound, so it is the first measure. Costs are compared with the rung
 before (what that step of the ladder bought), the baseline and the relay of the same
-transport, by the same rule against their own floor (:func:`pairwise_floor` of the A/A
-pair at that rate). A difference that rests on a busy step (:mod:`bench.lab.machine`)
-reads "not confirmed: the machine was busy", whatever its size.
+transport pair by pair, by :mod:`bench.lab.pairs`' statistic against the A/A pair's
+paired floor at that rate, whatever the machine did (:func:`compare_costs`).
 
 No I/O: the report draws and renders what this returns.
 """
@@ -34,8 +36,22 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.lab.machine import BUSY, MachineLoad, MachineVerdict, is_busy, machine_verdict
+from bench.lab.machine import (
+    CORE_BUSY,
+    MachineVerdict,
+    is_busy,
+    machine_verdict,
+)
 from bench.lab.matrix import Load
+from bench.lab.pairs import (
+    PairedRatio,
+    core_step_load,
+    floor_of,
+    paired_ratio,
+    paired_verdict,
+    step_busy,
+    step_load,
+)
 from bench.lab.results import Knee, Results, Run, Step, climbed_steps, edge, parse_slo
 
 #: the climb's bisection resolution where a run does not record its own (the default of
@@ -62,13 +78,6 @@ def pairwise_floor(a: Sequence[float | None], b: Sequence[float | None]) -> floa
     return max(diffs) if diffs else None
 
 
-def step_load(step: Step) -> MachineLoad | None:
-    """What else ran on the machine over ``step``'s window (None: not read)."""
-    if step.others_cpu_s is None or step.steal_s is None:
-        return None
-    return MachineLoad.over(step.window_s, step.others_cpu_s, step.steal_s)
-
-
 @dataclass
 class Cost:
     """One rung's CPU µs per delivered frame at one offered rate, per repeat (None where
@@ -77,10 +86,12 @@ class Cost:
     rate: float  # offered sends/s
     values: list[float | None]
     delivered_per_s: list[float]
-    busy: list[bool]  # the step's window was busy (bench.lab.machine)
+    busy: list[bool]  # the step's window was busy (bench.lab.machine): said, not voiding
     held: list[bool]  # the step held the SLO: a cost where it did not is an overload's
     # bytes on the wire per delivered message, per repeat (None: not counted)
     wire_bytes: list[float | None] = field(default_factory=list)
+    # the values are per round of the paired phase (bench.lab.pairs), not per repeat
+    paired: bool = False
 
     @property
     def known(self) -> list[float]:
@@ -91,12 +102,12 @@ class Cost:
         return statistics.median(self.known) if self.known else None
 
     def label(self) -> str:
-        """The median with its range over repeats, "(busy)" when any window was."""
+        """The median with its range over repeats (or paired rounds)."""
         if not self.known:
             return DASH
         low, high = min(self.known), max(self.known)
         spread = f" ({low:.1f}{DASH}{high:.1f})" if len(self.known) > 1 else ""
-        return f"{self.median:.1f}{spread}" + (" busy" if any(self.busy) else "")
+        return f"{self.median:.1f}{spread}"
 
     @property
     def wire_median(self) -> float | None:
@@ -123,6 +134,7 @@ class Rung:
     deflate_params: str = ""  # the server's Sec-WebSocket-Extensions reply (Step.deflate_params)
     reruns: int = 0  # steps run again because they stalled
     stalled_steps: int = 0
+    busy_reruns: int = 0  # steps run again because the server's core was busy
     transport: str = "websockets"
     same_as: str = ""  # an A/A twin of that rung
     costs: dict[float, Cost] = field(default_factory=dict)  # offered sends/s -> cost
@@ -186,13 +198,20 @@ class Comparison:
     rate: float = 0.0  # a cost's offered sends/s
     lower_bound: bool = False  # the ratio is only a lower bound (this rung's knee is)
     upper_bound: bool = False  # the ratio is only an upper bound (the reference's knee is)
+    # a cost's ratio from its pairs, with its interval (bench.lab.pairs)
+    paired: PairedRatio | None = None
 
     @property
     def median(self) -> float:
+        if self.paired is not None:
+            return self.paired.ratio
         return statistics.median(self.ratios) if self.ratios else 0.0
 
     def ratio_text(self) -> str:
-        """The median ratio and its range over the repeats, "≥" when a lower bound."""
+        """The median ratio and its range over the repeats, "≥" when a lower bound; a
+        paired ratio with its 95 % interval and its number of pairs."""
+        if self.paired is not None:
+            return self.paired.text()
         if not self.ratios:
             return DASH
         if self.lower_bound and self.upper_bound:
@@ -231,6 +250,18 @@ class Ladder:
     floors: dict[str, Rung] = field(default_factory=dict)
     # the machine around every measured step of the ladder (bench.lab.machine)
     machine: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
+    # what else ran on the server's own core: over the cost steps (said, not voiding)
+    # and over the climb steps as measured (busy ones were measured again)
+    cost_core: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
+    climb_core: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
+    # the cost steps' host steal (ms/s, summed over cores): mean and most
+    cost_machine: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
+    # the idle servers' CPU on the server's core during the paired steps, in percent of
+    # one core: mean and most (None: no paired phase)
+    idle_percent: tuple[float, float] | None = None
+    paired_rounds: int = 0
+    # what else ran on the server's core over the fixed-rate steps (the step tables)
+    fixed_core: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
 
     @property
     def chat_rungs(self) -> list[Rung]:
@@ -290,9 +321,10 @@ def rungs_of(results: Results, slo: dict[str, float] | None = None) -> list[Rung
                 deflate_params=first.deflate_params,
                 reruns=sum(k.reruns for k in knees),
                 stalled_steps=sum(k.stalled_steps for k in knees),
+                busy_reruns=sum(k.busy_reruns for k in knees),
                 transport=runs[0].env.get("TRANSPORT", "websockets"),
                 same_as=str(results.configs.get(config, {}).get("same_as") or ""),
-                costs=_costs(runs),
+                costs=costs_of(results, config),
                 busy=[_knee_busy(r, k) for r, k in judged],
                 driver_ceiling=_median_or_none([driver_ceiling(r) for r in runs]),
                 sustained=[_sustained(r) for r in runs],
@@ -307,23 +339,42 @@ def rungs_of(results: Results, slo: dict[str, float] | None = None) -> list[Rung
     return rungs
 
 
-def _costs(runs: list[Run]) -> dict[float, Cost]:
-    """Each cost rate's figures over ``runs`` (in repeat order)."""
+def costs_of(results: Results, config: str) -> dict[float, Cost]:
+    """``config``'s cost steps per offered rate: from the paired phase, one value per
+    round, where it took part; else from its runs, one per repeat (in repeat order)."""
+    paired = [r for r in results.paired if r.config == config and r.status == "ok"]
+    if paired:
+        rounds = 1 + max((s.pair_round or 0 for r in paired for s in r.steps), default=0)
+        by_rate: dict[float, list[Step | None]] = {}
+        for step in (s for r in paired for s in r.steps if s.cost and s.offered_per_s):
+            assert step.offered_per_s is not None
+            slots = by_rate.setdefault(step.offered_per_s, [None] * rounds)
+            slots[step.pair_round or 0] = step
+        return {rate: _cost(rate, steps, paired=True) for rate, steps in sorted(by_rate.items())}
+    runs = sorted(
+        (r for r in results.runs if r.config == config and r.status == "ok"),
+        key=lambda r: r.repeat,
+    )
     rates = sorted({s.offered_per_s for r in runs for s in r.steps if s.cost and s.offered_per_s})
-    costs = {}
-    for rate in rates:
-        steps = [
-            next((s for s in r.steps if s.cost and s.offered_per_s == rate), None) for r in runs
-        ]
-        costs[rate] = Cost(
-            rate=rate,
-            values=[s.server_us_per_frame if s is not None else None for s in steps],
-            delivered_per_s=[s.delivered_per_s if s is not None else 0.0 for s in steps],
-            busy=[s is not None and is_busy(step_load(s)) for s in steps],
-            held=[s is not None and s.holds({"p99": 100.0}) for s in steps],
-            wire_bytes=[s.wire_bytes_per_delivery if s is not None else None for s in steps],
+    return {
+        rate: _cost(
+            rate,
+            [next((s for s in r.steps if s.cost and s.offered_per_s == rate), None) for r in runs],
         )
-    return costs
+        for rate in rates
+    }
+
+
+def _cost(rate: float, steps: list[Step | None], *, paired: bool = False) -> Cost:
+    return Cost(
+        rate=rate,
+        values=[s.server_us_per_frame if s is not None else None for s in steps],
+        delivered_per_s=[s.delivered_per_s if s is not None else 0.0 for s in steps],
+        busy=[s is not None and is_busy(step_load(s)) for s in steps],
+        held=[s is not None and s.holds({"p99": 100.0}) for s in steps],
+        wire_bytes=[s.wire_bytes_per_delivery if s is not None else None for s in steps],
+        paired=paired,
+    )
 
 
 def _median_or_none(values: Sequence[float | None]) -> float | None:
@@ -388,7 +439,7 @@ def _knee_busy(run: Run, knee: Knee) -> bool:
             and s.offered_per_s == knee.first_break_offered_per_s
         )
     ]
-    return any(is_busy(step_load(s)) for s in deciding)
+    return any(step_busy(s) for s in deciding)
 
 
 def noise_floor(rungs: list[Rung], results: Results) -> tuple[float, str]:
@@ -410,15 +461,21 @@ def noise_floor(rungs: list[Rung], results: Results) -> tuple[float, str]:
 
 
 def cost_floor(rungs: list[Rung], results: Results, rate: float) -> tuple[float, str] | None:
-    """The floor of CPU µs per frame at ``rate``, and its source: the A/A pair's
-    :func:`pairwise_floor`, else the largest repeat-to-repeat spread of a rung there."""
+    """The floor of CPU µs per frame at ``rate``, and its source: the A/A pair's paired
+    ratio's reach (:func:`bench.lab.pairs.floor_of`, over its paired rounds, or over its
+    repeats where it was not paired), else the largest repeat-to-repeat spread of a rung
+    there."""
     by_name = {r.config: r for r in rungs}
     if len(results.aa_pair) >= 2 and all(n in by_name for n in results.aa_pair[:2]):
         a, b = (by_name[n].costs.get(rate) for n in results.aa_pair[:2])
-        if a is not None and b is not None:
-            floor = pairwise_floor(a.values, b.values)
-            if floor is not None:
-                return floor, f"the A/A pair ({results.aa_pair[0]} = {results.aa_pair[1]})"
+        if a is not None and b is not None and a.paired == b.paired:
+            aa = paired_ratio(b.values, a.values)
+            floor = floor_of(aa)
+            if floor is not None and aa is not None:
+                what = "paired steps" if a.paired else "repeats"
+                return floor, (
+                    f"the A/A pair ({results.aa_pair[0]} = {results.aa_pair[1]}), {aa.n} {what}"
+                )
     spreads = [
         (max(c.known) / min(c.known) - 1, r.config)
         for r in rungs
@@ -431,23 +488,33 @@ def cost_floor(rungs: list[Rung], results: Results, rate: float) -> tuple[float,
 
 
 def compare_costs(rung: Rung, reference: Rung, rate: float, floor: float) -> Comparison | None:
-    """``rung``'s CPU µs per frame at ``rate`` against ``reference``'s, repeat by repeat
-    (lower is better: "lower" means it costs less); None when either lacks the rate."""
+    """``rung``'s CPU µs per frame at ``rate`` against ``reference``'s, pair by pair
+    (round i with round i of the paired phase, else repeat i with repeat i), judged by
+    the paired ratio's interval against ``floor`` whatever the machine did
+    (:func:`bench.lab.pairs.paired_verdict`; lower is better: "lower" means it costs
+    less); None when either lacks the rate."""
     mine, theirs = rung.costs.get(rate), reference.costs.get(rate)
     if mine is None or theirs is None:
         return None
-    pairs = [
-        (a, b, busy_a or busy_b)
-        for a, b, busy_a, busy_b in zip(
-            mine.values, theirs.values, mine.busy, theirs.busy, strict=False
-        )
-        if a is not None and b is not None and b > 0
+    return judge_costs(rung.config, reference.config, mine, theirs, floor=floor)
+
+
+def judge_costs(
+    config: str, reference: str, mine: Cost, theirs: Cost, *, floor: float | None
+) -> Comparison:
+    """Two cost series at ``rate`` compared pair by pair (:func:`compare_costs`)."""
+    result = Comparison(config, reference, [], "not confirmed", figure="cost", rate=mine.rate)
+    if mine.paired != theirs.paired:
+        result.reason = "one was measured in the paired phase, the other in its runs: no pairs"
+        return result
+    result.ratios = [
+        a / b
+        for a, b in zip(mine.values, theirs.values, strict=False)
+        if a is not None and b is not None and a > 0 and b > 0
     ]
-    result = Comparison(
-        rung.config, reference.config, [a / b for a, b, _ in pairs], "not confirmed"
-    )
-    result.figure, result.rate = "cost", rate
-    return _judge(result, floor, busy=any(busy for *_, busy in pairs))
+    result.paired = paired_ratio(mine.values, theirs.values)
+    result.verdict, result.reason = paired_verdict(result.paired, floor)
+    return result
 
 
 def compare(rung: Rung, reference: Rung, floor: float) -> Comparison:
@@ -467,26 +534,28 @@ def compare(rung: Rung, reference: Rung, floor: float) -> Comparison:
         rung.config, reference.config, [a / b for a, b, _ in pairs], "not confirmed"
     )
     result.lower_bound, result.upper_bound = rung.lower_bound, reference.lower_bound
+    busy = any(busy for *_, busy in pairs)
     near = [r.config for r in (rung, reference) if r.near_ceiling]
-    if near and pairs:
+    if near and pairs and not busy:
         result.reason = (
             f"{' and '.join(near)}: knee above {CEILING_SHARE:.0%} of the driver's ceiling "
             "(compared by CPU per frame instead)"
         )
         return result
-    return _judge(result, floor, busy=any(busy for *_, busy in pairs))
+    return _judge(result, floor, busy=busy)
 
 
 def _judge(result: Comparison, floor: float, *, busy: bool) -> Comparison:
-    """The verdict on ``result``'s ratios: beyond ``floor`` in every repeat, on a real
-    edge, on a quiet machine; otherwise "not confirmed" with the reason."""
+    """The verdict on knees' ratios: beyond ``floor`` in every repeat, on a real edge,
+    no deciding step busy on the server's core; otherwise "not confirmed" with the
+    reason."""
     ratios = result.ratios
     rung, reference = result.config, result.reference
     if not ratios:
         result.reason = "no repeat of both to compare"
         return result
     if busy:
-        result.reason = BUSY
+        result.reason = CORE_BUSY
         return result
     above = [r > 1 + floor for r in ratios]
     below = [r < 1 / (1 + floor) for r in ratios]
@@ -534,6 +603,30 @@ def ladder(results: Results) -> Ladder | None:
         for s in run.steps
         if s.driver == "fast" and not s.superseded
     )
+    cost_steps = [s for r in (*results.paired, *results.runs) for s in r.steps if s.cost]
+    found.cost_machine = machine_verdict(step_load(s) for s in cost_steps)
+    found.cost_core = machine_verdict(core_step_load(s) for s in cost_steps)
+    found.climb_core = machine_verdict(
+        core_step_load(s) for rung in rungs for run in rung.runs for s in climbed_steps(run)
+    )
+    found.fixed_core = machine_verdict(
+        core_step_load(s)
+        for r in results.runs
+        if r.knee is None
+        for s in r.steps
+        if s.driver == "fast" and not s.cost and not s.superseded
+    )
+    idle = [
+        100 * s.idle_cpu_s / s.window_s
+        for r in results.paired
+        for s in r.steps
+        if s.idle_cpu_s is not None and s.window_s > 0
+    ]
+    if idle:
+        found.idle_percent = (statistics.fmean(idle), max(idle))
+    found.paired_rounds = 1 + max(
+        (s.pair_round or 0 for r in results.paired for s in r.steps), default=-1
+    )
     for rung in found.chat_rungs:
         if baseline is not None and rung is not baseline:
             found.against_baseline[rung.config] = compare(rung, baseline, floor)
@@ -571,8 +664,9 @@ def ladder(results: Results) -> Ladder | None:
 
 def profiling_costs(results: Results, found: Ladder) -> list[Comparison]:
     """Each profiled configuration's CPU µs per frame against its unprofiled twin (the
-    same settings; the baseline first) at the same offered rate, repeat by repeat, judged
-    against that rate's cost floor."""
+    same settings; the baseline first) at the same offered rate, pair by pair (the paired
+    phase's rounds where both took part, else repeat by repeat), judged against that
+    rate's cost floor (:func:`bench.lab.pairs.paired_verdict`)."""
     out = []
     for name, described in results.configs.items():
         if not described.get("profile"):
@@ -587,6 +681,31 @@ def profiling_costs(results: Results, found: Ladder) -> list[Comparison]:
             (r for r in results.runs if r.config == name and r.status == "ok"),
             key=lambda r: r.repeat,
         )
+        mine = costs_of(results, name)
+        paired = next(
+            (
+                (twin, rate)
+                for twin in twins
+                for rate, cost in mine.items()
+                if cost.paired
+                and costs_of(results, twin).get(rate, cost).paired
+                and rate in costs_of(results, twin)
+            ),
+            None,
+        )
+        if paired is not None:
+            twin, rate = paired
+            floor = found.cost_floor.get(rate)
+            out.append(
+                judge_costs(
+                    name,
+                    twin,
+                    mine[rate],
+                    costs_of(results, twin)[rate],
+                    floor=floor[0] if floor else None,
+                )
+            )
+            continue
         for twin in twins:
             twin_runs = sorted(
                 (r for r in results.runs if r.config == twin and r.status == "ok"),
@@ -623,11 +742,13 @@ def _profiled_against(
         )
         comparison.rate = rate or 0.0
         floor = found.cost_floor.get(rate or 0.0)
-        busy = any(is_busy(step_load(a)) or is_busy(step_load(b)) for a, b in pairs)
-        if floor is None:
-            comparison.reason = "no floor at this rate"
-            return comparison
-        return _judge(comparison, floor[0], busy=busy)
+        comparison.paired = paired_ratio(
+            [a.server_us_per_frame for a, _ in pairs], [b.server_us_per_frame for _, b in pairs]
+        )
+        comparison.verdict, comparison.reason = paired_verdict(
+            comparison.paired, floor[0] if floor else None
+        )
+        return comparison
     return None
 
 

@@ -4,11 +4,14 @@ A load measurement owns the machine. When other processes use a core the server 
 driver wanted, or the host steals the virtual CPUs, a figure measures the machine, not
 the server. The lab samples both through every step (the driver over each step's exact
 window, the sampler every half second) and this module decides, with plain numbers,
-whether a step was *busy*. A busy step's differences read "not confirmed: the machine
-was busy", apart from noise, and a report with busy steps opens by saying so.
+whether a step was *busy*: over the whole host (what the report says the machine did)
+and over the server's own core (:func:`core_load`: what voids a knee or a percentile;
+:mod:`bench.lab.pairs` says which figure each bound judges). CPU per frame, the
+server's own CPU time, is judged against its paired floor instead, whatever the
+machine did.
 
-:func:`busy_reasons` and :func:`machine_verdict` are pure; :func:`read_host` and
-:func:`tree_cpu_s` read ``/proc`` through psutil.
+:func:`busy_reasons`, :func:`core_load` and :func:`machine_verdict` are pure;
+:func:`read_host` and :func:`tree_cpu_s` read ``/proc`` through psutil.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ QUIET_WAIT_S = 60.0
 #: ... and wants this many quiet seconds in a row before it starts
 QUIET_SECONDS = 3
 
-BUSY = "the machine was busy"
+#: why a knee or a percentile is not confirmed when a step that decided it was busy
+CORE_BUSY = "the server's core was busy"
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,24 @@ class MachineLoad:
         if seconds <= 0:
             return None
         return cls(100 * max(0.0, others_cpu_s) / seconds, 1000 * max(0.0, steal_s) / seconds)
+
+
+def core_load(
+    seconds: float,
+    core_busy_s: float | None,
+    core_steal_s: float | None,
+    server_cpu_s: float | None,
+    idle_cpu_s: float | None = None,
+) -> MachineLoad | None:
+    """What else ran on the server's own cores over a window: their busy seconds less
+    the server's CPU and that of the lab's idle servers sharing them (``others``), and
+    their steal; None when the cores were not read. This, not the whole host's
+    "others", is what bends a knee or a percentile: work on the driver's core or
+    elsewhere does not delay the server."""
+    if core_busy_s is None or server_cpu_s is None or seconds <= 0:
+        return None
+    others = core_busy_s - server_cpu_s - (idle_cpu_s or 0.0)
+    return MachineLoad.over(seconds, others, core_steal_s or 0.0)
 
 
 def busy_reasons(load: MachineLoad) -> list[str]:
@@ -100,8 +122,9 @@ class MachineVerdict:
         if self.busy:
             return (
                 f"This machine was busy: in {self.busy_windows} of {self.windows} measured "
-                f"steps {figures}, past the bounds ({bounds}). Those steps' figures measure "
-                "the machine, not the server: no difference that rests on them is confirmed."
+                f"steps {figures}, past the bounds ({bounds}). What that voids is judged "
+                "figure by figure: knees and percentiles by the server's own core, CPU per "
+                "frame by its paired floor."
             )
         return f"The machine was quiet in all {self.windows} measured steps: {figures} ({bounds})."
 

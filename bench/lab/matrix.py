@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench.lab.pairs import MIN_PAIRS
 from bench.memory import TRAFFIC_MODES
 from bench.relay_base import DEFAULT_MODES, MODES
 from loadtest.profiles import PROFILES
@@ -67,6 +68,13 @@ class Load:
     # ``cost_step_s`` each: the server's CPU µs per delivered frame at a stated load
     cost_rates: tuple[float, ...] = ()
     cost_step_s: float = 4.0
+    # the message body's length the fast driver sends (0: the driver's least, 60)
+    body_chars: int = 0
+    # the matrix's [load] only: rounds of the paired cost phase (bench.lab.pairs). The
+    # configurations with cost_rates that can share the server's core (one process, the
+    # lab's pinning) are started together and their cost steps taken one at a time, A B
+    # B A, this many rounds; the others keep their cost steps in each run (0: all do)
+    pairs: int = 0
     # after the climb, one step this long at 90 % of its knee: whether the knee holds
     # sustained (0: none; the knee is then a burst's, from steps of step_s)
     sustain_s: float = 0.0
@@ -132,6 +140,18 @@ class Config:
         return "-".join(part for part in keep.split("-") if part)
 
 
+def shares_core(config: Config) -> bool:
+    """Whether ``config`` can run beside others on the server's core in a paired cost
+    phase: one process (one worker, no Redis) pinned as the lab pins it."""
+    env = config.env
+    return (
+        config.fast
+        and env.get("WORKERS", "1") == "1"
+        and env.get("CPU_AFFINITY", "server") == "server"
+        and env.get("BROKER", "memory") != "redis"
+    )
+
+
 @dataclass(frozen=True)
 class Matrix:
     """A named set of configurations, run ``repeat`` times each, interleaved."""
@@ -153,8 +173,32 @@ class Matrix:
         raise KeyError(name)
 
     def load_of(self, config: Config) -> Load:
-        """The load ``config`` gets."""
-        return config.load or self.load
+        """The load ``config`` gets (in its runs: without the cost rates the paired
+        phase measures, :meth:`paired`)."""
+        load = config.load or self.load
+        if load.cost_rates and config in self.paired():
+            return replace(load, cost_rates=())
+        return load
+
+    def paired(self) -> tuple[Config, ...]:
+        """The configurations whose cost steps the paired phase takes (those with cost
+        rates that can share the server's core, :func:`shares_core`), when the matrix
+        asks for pairs and at least two qualify; else none."""
+        if self.load.pairs <= 0:
+            return ()
+        found = tuple(
+            c for c in self.configs if (c.load or self.load).cost_rates and shares_core(c)
+        )
+        return found if len(found) >= 2 else ()
+
+    def paired_estimate_s(self) -> float:
+        """Rough seconds of the paired cost phase (starts, connections, warm-ups, steps)."""
+        configs = self.paired()
+        if not configs:
+            return 0.0
+        steps = sum(len((c.load or self.load).cost_rates) for c in configs)
+        step_s = self.load.cost_step_s + min(self.load.drain_s, 0.2) + 0.2
+        return len(configs) * (4 + self.load.warmup_s) + self.load.pairs * steps * step_s
 
     def estimate_s(self, repeat: int, per_run_overhead_s: float = 3.0) -> float:
         """Rough seconds the whole matrix takes, for the progress bar."""
@@ -174,7 +218,7 @@ class Matrix:
             if config.target == "chat":
                 run_s += load.side_s()
             total += run_s * (repeat + config.extra_repeats)
-        return total
+        return total + self.paired_estimate_s()
 
 
 def available() -> list[str]:
@@ -184,6 +228,7 @@ def available() -> list[str]:
 
 def _load_table(data: dict[str, Any], where: str, base: Load | None = None) -> Load:
     """A :class:`Load` from a TOML table, over ``base``."""
+    config_level = base is not None
     base = base or Load()
     known = set(Load.__dataclass_fields__)
     unknown = set(data) - known
@@ -203,6 +248,10 @@ def _load_table(data: dict[str, Any], where: str, base: Load | None = None) -> L
         if not values["memory_traffic"] or set(values["memory_traffic"]) - set(TRAFFIC_MODES):
             raise MatrixError(f"{where}: memory_traffic must name some of {TRAFFIC_MODES}")
     load = replace(base, **values)
+    if config_level and "pairs" in values:
+        raise MatrixError(f"{where}: pairs belongs to the matrix's [load], not a configuration's")
+    if load.pairs and load.pairs < MIN_PAIRS:
+        raise MatrixError(f"{where}: pairs must be 0 or at least {MIN_PAIRS}")
     if load.wire_messages < 0 or load.memory_connections < 0:
         raise MatrixError(f"{where}: wire_messages and memory_connections must be >= 0")
     if load.memory_connections % 10 and "after" in load.memory_traffic:

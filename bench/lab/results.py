@@ -109,8 +109,9 @@ class Step:
     # a step at a share of the climb's knee, held longer than the climb's steps, after the
     # climb: whether the knee holds sustained or only in bursts; never part of the climb
     sustain: bool = False
-    # counters read by the fast driver at the send phase's start and end (``window_s``
-    # apart; None where it was not told the server's pid): CPU seconds (user + system) of
+    # counters read by the fast driver at the send phase's start and at the end of its
+    # drain (``window_s`` apart; None where it was not told the server's pid): CPU
+    # seconds (user + system) of
     # the server's process tree, of processes outside the lab, and the host's steal,
     # summed over every core
     window_s: float = 0.0
@@ -125,6 +126,18 @@ class Step:
     # (every delivery the step read, those after their own step's drain too)
     wire_bytes: int = 0
     wire_deliveries: int = 0
+    # the server's own cores over the same window (None: not read, or the server was not
+    # pinned): their busy CPU seconds (processes and the kernel's work there) and their
+    # steal, and the CPU of the other servers that shared them, idle meanwhile (a paired
+    # cost phase: :mod:`bench.lab.pairs`); what else ran on the server's core is the busy
+    # time less the server's and theirs
+    server_core_busy_s: float | None = None
+    server_core_steal_s: float | None = None
+    idle_cpu_s: float | None = None
+    # a paired cost step's round (its place in the A B B A order; None: not paired), and
+    # whether this step is a climb step measured again because its server's core was busy
+    pair_round: int | None = None
+    busy_rerun: bool = False
 
     @property
     def wire_bytes_per_delivery(self) -> float | None:
@@ -245,6 +258,7 @@ class Knee:
     steps: list[KneeStep] = field(default_factory=list)
     reruns: int = 0  # steps run again because they stalled
     stalled_steps: int = 0
+    busy_reruns: int = 0  # steps run again because the server's core was busy
     connections: int = 0
     room_size: int = 0
     body_chars: int = 0
@@ -332,6 +346,9 @@ class Results:
     # driver name -> its ceiling step against a trivial relay (frames/s it can receive)
     ceilings: dict[str, Step] = field(default_factory=dict)
     capacity: dict[str, Any] = field(default_factory=dict)  # `lab capacity` output
+    # the paired cost phase (bench.lab.pairs): one run per configuration that shared the
+    # server's core with the others, its cost steps in A B B A order (Step.pair_round)
+    paired: list[Run] = field(default_factory=list)
     # what `lab scaling` measured beside the drivers' steps, per repeat (argon2 logins per
     # CPU-second, bytes per idle connection), and the configurations it skipped, with why
     parts: dict[str, Any] = field(default_factory=dict)
@@ -343,6 +360,7 @@ class Results:
         """Results from their JSON form."""
         data = _known(cls, data)
         data["runs"] = [Run.from_dict(r) for r in data.get("runs", [])]
+        data["paired"] = [Run.from_dict(r) for r in data.get("paired", [])]
         data["ceilings"] = {k: Step.from_dict(v) for k, v in data.get("ceilings", {}).items()}
         return cls(**data)
 
@@ -415,6 +433,7 @@ def edge(run: Run, slo_ms: dict[str, float], room_size: int = 0) -> Knee:
             for s in sorted(climbed, key=lambda s: s.offered_per_s or 0)
         ],
         reruns=sum(1 for s in climbed if s.rerun),
+        busy_reruns=sum(1 for s in run.steps if s.busy_rerun),
         stalled_steps=sum(
             1
             for s in run.steps

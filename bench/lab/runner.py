@@ -51,6 +51,9 @@ log = logging.getLogger("bench.lab")
 LAB_USER_PREFIX = "lab"
 #: a process that exits in this long after SIGTERM is stopped cleanly
 STOP_TIMEOUT_S = 20
+#: a paired cost step's drain at most: its figure is CPU per frame over the send phase,
+#: and a fixed load every server there holds delivers within milliseconds
+PAIRED_DRAIN_S = 0.2
 
 
 def run_matrix(
@@ -80,6 +83,15 @@ def run_matrix(
             if progress is not None:
                 progress.phase("auth service: registering users")
             lab.start_auth(max(users, users_needed(matrix)))
+        if matrix.paired():
+            started = time.monotonic()
+            results.paired = lab.run_paired(matrix)
+            results.save(results_path)
+            if progress is not None:
+                for run in results.paired:
+                    progress.done_run(run, time.monotonic() - started)
+            if lab.interrupted:
+                raise KeyboardInterrupt
         rounds = repeat + max(c.extra_repeats for c in matrix.configs)
         for k in range(rounds):
             for config in matrix.configs:
@@ -283,6 +295,108 @@ class Lab:
             self.side(config, load, run, workdir)
         return run
 
+    def run_paired(self, matrix: Matrix) -> list[Run]:
+        """The paired cost phase (:mod:`bench.lab.pairs`): every configuration of
+        :meth:`Matrix.paired` started at once on the server's core(s), then one driver
+        takes their cost steps one at a time, A B B A, for the matrix's ``pairs``
+        rounds; one Run per configuration (``repeat`` 0), its steps in round order."""
+        configs = matrix.paired()
+        workdir = self.out_dir / "runs" / "paired"
+        workdir.mkdir(parents=True, exist_ok=True)
+        load = matrix.load
+        runs = {
+            c.name: Run(
+                config=c.name,
+                repeat=0,
+                target=c.target,
+                env=dict(c.env),
+                server_cores=self.server_cores,
+                generator_cores=self.generator_cores,
+                started_s=round(time.monotonic() - self.t0, 2),
+            )
+            for c in configs
+        }
+        targets: dict[str, Target] = {}
+        out = workdir / "paired.json"
+        try:
+            for config in configs:
+                if self.progress is not None:
+                    self.progress.phase(f"paired cost steps: starting {config.name}")
+                config_dir = workdir / config.slug()
+                config_dir.mkdir(exist_ok=True)
+                target = Target(
+                    config,
+                    config_dir,
+                    self.server_cores,
+                    keys=self.keys,
+                    auth=self.auth,
+                    auth_urls=self.auth_urls,
+                )
+                self._targets.append(target)
+                targets[config.name] = target
+                target.startup()
+            time.sleep(load.settle_s)
+            spec = {
+                "targets": [
+                    {
+                        "name": c.name,
+                        "target": c.target,
+                        "url": targets[c.name].url,
+                        "serializer": c.env.get("SERIALIZER", "orjson"),
+                        "deflate": offers_deflate(c.env),
+                        "token_file": str(self.token_file) if c.target == "chat" else None,
+                        "server_pid": targets[c.name].pid,
+                        "rates": list((c.load or load).cost_rates),
+                    }
+                    for c in configs
+                ],
+                "connections": load.connections,
+                "room_size": load.room_size,
+                "body_chars": load.body_chars,
+                "step_s": load.cost_step_s,
+                "warmup_s": load.warmup_s,
+                "drain_s": min(load.drain_s, PAIRED_DRAIN_S),
+                "rounds": load.pairs,
+                "cores": self.generator_cores,
+                "server_cores": self.server_cores,
+                "lab_pid": os.getpid(),
+                "t0_monotonic": self.t0,
+                "json_out": str(out),
+            }
+            spec_path = workdir / "spec.json"
+            spec_path.write_text(json.dumps(spec, indent=1))
+            if self.progress is not None:
+                self.progress.phase(
+                    f"paired cost steps: {len(configs)} servers, {load.pairs} rounds"
+                )
+            proc = self._spawn(
+                [sys.executable, "-m", "bench.lab.driver.paired", str(spec_path)],
+                workdir,
+                "paired-driver.log",
+            )
+            status = self._wait(proc, matrix.paired_estimate_s() * 2 + 120)
+            if status != 0 or not out.exists():
+                tail = (workdir / "paired-driver.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"paired driver exited {status}:\n{tail}")
+            for name, steps in json.loads(out.read_text()).items():
+                runs[name].steps = [Step.from_dict(s) for s in steps]
+        except KeyboardInterrupt:
+            self.interrupted = True
+            for run in runs.values():
+                run.status, run.error = "interrupted", "Ctrl-C: stopped in the paired phase"
+        except Exception as exc:  # the climbs still run; the costs are lost
+            log.error("the paired cost phase failed: %s", exc)
+            for run in runs.values():
+                run.status, run.error = "failed", str(exc)[-4000:]
+        finally:
+            for proc in list(self._children):
+                self._stop_popen(proc)
+            for name, target in targets.items():
+                target.shutdown(runs[name])
+                with suppress(ValueError):
+                    self._targets.remove(target)
+        return list(runs.values())
+
     def begin_run(self, config: Config, repeat: int, label: str) -> tuple[Path, Run, Sampler]:
         """A run's directory (``runs/<config>-<label>``), its empty Run, a started Sampler."""
         workdir = self.out_dir / "runs" / f"{config.slug()}-{label}"
@@ -316,6 +430,9 @@ class Lab:
             json_out=out,
             t0_monotonic=sampler.t0,
             server_pid=target.pid,
+            server_cores=",".join(map(str, self.server_cores))
+            if config.env.get("CPU_AFFINITY", "server") == "server" and self.server_cores
+            else "off",
         )
         proc = self._spawn(driver.command(), workdir, "fast-driver.log")
         sampler.watch("generator", proc.pid)

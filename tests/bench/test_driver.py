@@ -519,6 +519,7 @@ def test_the_one_builder_of_the_drivers_command_line_reads_back_to_the_same_valu
         server_pid=os.getpid(),
         lab_pid=os.getppid(),
         retry=True,
+        server_cores="0",
     )
     config = parse_args(built.argv())
     assert (config.target, config.url, config.serializer) == ("chat", built.url, "protobuf")
@@ -530,7 +531,9 @@ def test_the_one_builder_of_the_drivers_command_line_reads_back_to_the_same_valu
     assert (config.factor, config.resolution, config.max_rate) == (1.6, 0.1, 4000.0)
     assert (config.cost_rates, config.cost_step_s) == ((50.0, 75.0), 3.0)
     assert (config.server_pid, config.lab_pid) == (os.getpid(), os.getppid())
+    assert config.server_cores == (0,)
     assert built.command()[1:3] == ["-m", "bench.lab.driver"]
     # what is left unset keeps the driver's defaults
     plain = parse_args(DriverArgs("relay", "ws://h:1/ws", 10, (5.0,), 1, 0, 0).argv())
     assert plain.climb_slo is None and plain.cost_rates == () and plain.server_pid is None
+    assert plain.server_cores is None

@@ -8,7 +8,6 @@ assertions: only that the figures exist, add up, and are where the report says.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.lab.capacity import capacity_plan, edge, parse_slo
-from bench.lab.matrix import MatrixError, available, load_matrix
+from bench.lab.matrix import Config, Matrix, MatrixError, available, load_matrix
 from bench.lab.results import Knee, Results, Run, Step
 from chatlab.harness import ROOT
 
@@ -189,14 +188,24 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
     assert any(c.env.get("WS_DEFLATE") == "shared" for c in climbed)
     low, high = demo.load.cost_rates
     for config in climbed:
-        rates = demo.load_of(config).cost_rates
+        rates = (config.load or demo.load).cost_rates
         deflate = config.env.get("WS_DEFLATE") == "on"
         assert rates == ((low,) if deflate else (low, high)), config.name
+    # the cost steps are paired: every rung, both relays and the profiled baseline share
+    # the server's core in the paired phase, at least five rounds; the climbs take none
+    paired = {c.name for c in demo.paired()}
+    assert demo.load.pairs >= 5 and paired == {c.name for c in [*climbed, *profiled_of(demo)]}
+    assert all(demo.load_of(c).cost_rates == () for c in climbed)
     # what profiling costs is a ratio at the same rate as the baseline's cost step
-    profiled = [c for c in demo.configs if c.profile]
+    profiled = profiled_of(demo)
     assert len(profiled) == 1 and not demo.load_of(profiled[0]).climb
     assert profiled[0].env == baseline.env
     assert demo.load_of(profiled[0]).rates == (low,)
+
+
+def profiled_of(matrix: Matrix) -> list[Config]:
+    """The matrix's profiled configurations."""
+    return [c for c in matrix.configs if c.profile]
 
 
 @pytest.mark.parametrize(
@@ -220,6 +229,8 @@ def test_demo_matrix_fits_the_readme_promise() -> None:
         ("[load]\nmemory_traffic=['busy']\n[[config]]\nname='a'\n", "memory_traffic must"),
         ("[load]\nmemory_connections=15\n[[config]]\nname='a'\n", "multiple of 10"),
         ("[load]\nwire_messages=-1\n[[config]]\nname='a'\n", "must be >= 0"),
+        ("[load]\npairs=2\n[[config]]\nname='a'\n", "pairs must be 0 or at least 5"),
+        ("[[config]]\nname='a'\nload={pairs=6}\n", "pairs belongs to the matrix"),
     ],
 )
 def test_a_bad_matrix_file_is_refused_naming_the_problem(
@@ -317,78 +328,3 @@ def test_results_survive_a_round_trip_through_json(tmp_path: Path) -> None:
     again = Results.load(path)
     assert again.runs[0].steps[0].latency_ms == run.steps[0].latency_ms
     assert json.loads(path.read_text())["runs"][0]["env"] == {"SERIALIZER": "json"}
-
-
-BUSY_MATRIX = """
-description = "two configurations whose CPU per frame differs by far more than their noise"
-baseline = "json+asyncio+deflate"
-repeat = 2
-
-[load]
-connections = 200
-room_size = 10
-rates = [300]
-cost_rates = [300]
-cost_step_s = 1
-climb = "p99=100"
-factor = 2
-resolution = 0.5
-max_rate = 600  # a climb of two steps: what is tested is the machine, not the knee
-step_s = 1
-warmup_s = 0.5
-drain_s = 0.3
-settle_s = 0.2
-locust_profile = ""
-
-[[config]]
-name = "json+asyncio+deflate"
-env = { SERIALIZER = "json", EVENT_LOOP = "asyncio", WS_DEFLATE = "on" }
-
-[[config]]
-name = "orjson+uvloop"
-env = { SERIALIZER = "orjson", EVENT_LOOP = "uvloop", WS_DEFLATE = "off" }
-"""
-
-#: a busy loop pinned to one core: another program using the machine
-SPIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
-
-
-def test_a_busy_machine_is_named_first_and_confirms_nothing(tmp_path: Path) -> None:
-    from bench.lab.findings import findings
-    from bench.lab.ladder import ladder
-
-    matrix = tmp_path / "busy.toml"
-    matrix.write_text(BUSY_MATRIX)
-    out = tmp_path / "report"
-    spinners = [
-        subprocess.Popen([sys.executable, "-c", SPIN, str(core)])
-        for core in sorted(os.sched_getaffinity(0))[:2]
-    ]
-    try:
-        done = lab(
-            "run", "--matrix", str(matrix), "--out", str(out), "--quiet", "--wait-quiet-s", "0"
-        )
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-    assert done.returncode == 0, done.stdout + done.stderr
-    results = Results.load(out / "results.json")
-    found = ladder(results)
-    assert found is not None
-    # the machine was sampled through every step, and every step saw the busy loops
-    assert found.machine.busy and found.machine.busy_windows == found.machine.windows > 0
-    assert found.machine.mean_others_percent > 50
-    assert all(run.host and max(h.others_percent for h in run.host) > 50 for run in results.runs)
-    # the findings, the report and the terminal open with it; nothing is confirmed for it
-    assert findings(found)[0].startswith("This machine was busy")
-    md = (out / "report.md").read_text()
-    assert md.split("## Findings", 1)[1].lstrip().startswith("- This machine was busy")
-    assert done.stdout.lstrip().startswith("This machine was busy")
-    compared = [
-        *found.against_baseline.values(),
-        *(c for by_rate in found.cost_vs_previous.values() for c in by_rate.values()),
-    ]
-    assert compared and all(c.verdict == "not confirmed" for c in compared)
-    cost = found.cost_vs_previous["orjson+uvloop"][300.0]
-    assert cost.reason == "the machine was busy"

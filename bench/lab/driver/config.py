@@ -64,6 +64,14 @@ class DriverConfig:
     # caller: everything under it is not "other processes")
     server_pid: int | None = None
     lab_pid: int | None = None
+    # the server's own cores: each step's window reads their busy time and steal too
+    # (what else ran where the server runs); a climb step whose server core was busy is
+    # measured again, at most ``busy_reruns`` times (bench.lab.machine.core_load)
+    server_cores: tuple[int, ...] | None = None
+    busy_reruns: int = 2
+    # servers of the lab that share the server's cores, idle meanwhile (a paired cost
+    # phase): their CPU over each window is read apart from the server's
+    neighbour_pids: tuple[int, ...] = ()
 
 
 def load_tokens(path: Path) -> tuple[str, ...]:
@@ -224,6 +232,13 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         help="the process tree whose CPU is not 'other processes' (the lab that started "
         "server and driver) [the server's tree and the driver]",
     )
+    parser.add_argument(
+        "--server-cores",
+        default="off",
+        help="the server's cores: each step also reads their busy time and steal, and a "
+        "climb step during which something else kept them busy is measured again (at most "
+        "twice) [off: not read]",
+    )
     parser.add_argument("--log-level", default="warning", help="logging level [warning]")
     args = parser.parse_args(argv)
 
@@ -276,6 +291,10 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         cores = parse_core_list(args.cpu_affinity)
     except ValueError as exc:
         parser.error(f"--cpu-affinity {args.cpu_affinity!r}: {exc}")
+    try:
+        server_cores = parse_core_list(args.server_cores)
+    except ValueError as exc:
+        parser.error(f"--server-cores {args.server_cores!r}: {exc}")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
@@ -310,6 +329,7 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         sustain_share=args.sustain_share,
         server_pid=args.server_pid,
         lab_pid=args.lab_pid,
+        server_cores=server_cores,
     )
 
 
@@ -344,6 +364,8 @@ class DriverArgs:
     server_pid: int | None = None
     lab_pid: int | None = None
     retry: bool = False
+    server_cores: str = "off"
+    body_chars: int | None = None
 
     def argv(self) -> list[str]:
         """The driver's arguments (after ``python -m bench.lab.driver``)."""
@@ -354,6 +376,8 @@ class DriverArgs:
             *("--step-s", f"{self.step_s:g}", "--warmup-s", f"{self.warmup_s:g}"),
             *("--drain-s", f"{self.drain_s:g}", "--cpu-affinity", self.cpu_affinity),
         ]
+        if self.server_cores != "off":
+            args += ["--server-cores", self.server_cores]
         if self.target == "chat":
             args += ["--serializer", self.serializer]
         optional = {
@@ -369,6 +393,7 @@ class DriverArgs:
             "--sustain-s": self.sustain_s,
             "--server-pid": self.server_pid,
             "--lab-pid": self.lab_pid,
+            "--body-chars": self.body_chars,
         }
         for flag, value in optional.items():
             if value is not None:

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import asdict
 from time import perf_counter_ns
+from typing import NamedTuple
 
 import numpy as np
 import psutil
@@ -30,7 +31,15 @@ from bench.lab.driver.connections import (
 from bench.lab.driver.frames import decode_frame, frame_kind_reader, send_frame
 from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
-from bench.lab.machine import HostTimes, cores_busy_s, read_host, tree_cpu_s
+from bench.lab.machine import (
+    HostTimes,
+    core_load,
+    cores_busy_s,
+    is_busy,
+    read_host,
+    steal_s,
+    tree_cpu_s,
+)
 from bench.lab.results import Step, TimePoint
 from chat_server.codecs import get_codec
 from chat_server.messages import Join
@@ -58,6 +67,18 @@ SETTLE_QUIET_S, SETTLE_MOST_S = 0.3, 8.0
 EXIT_OK, EXIT_CONNECT_FAILED = 0, 1  # a bad argument: 2, from argparse
 
 
+class Counters(NamedTuple):
+    """The counters a step's window is read from, at one end of it."""
+
+    clock_s: float
+    server_s: float | None  # the server tree's CPU seconds
+    ours_s: float  # CPU seconds of what is not "other processes"
+    host: HostTimes
+    core_busy_s: float | None  # the server's cores' busy seconds (None: not read)
+    core_steal_s: float | None
+    idle_s: float  # the idle neighbours' CPU seconds
+
+
 class Driver:
     """Connections, the scheduler and the per-second bookkeeping of one run."""
 
@@ -76,6 +97,7 @@ class Driver:
         # what is not "other processes" (the lab's tree, or the server's and this one)
         self.server = psutil.Process(config.server_pid) if config.server_pid else None
         self.lab = psutil.Process(config.lab_pid) if config.lab_pid else None
+        self.neighbours = [psutil.Process(pid) for pid in config.neighbour_pids]
         # since the last flush (a tenth of a second's worth): each delivery's scheduled
         # time (DIGITS ASCII digits) and receive time; each ack's latency in microseconds
         # (lists: appending an int to one costs a third of appending it to an array)
@@ -428,6 +450,11 @@ class Driver:
                 runq_after_ns = runq_wait_ns()
                 if runq_before_ns is not None and runq_after_ns is not None:
                     recorder.runq_wait_share = (runq_after_ns - runq_before_ns) / elapsed_ns
+            if flush_ns == stop_ns:
+                # the window closes after the drain: the server's CPU then holds the work
+                # of every frame the step counts as delivered, those still in flight when
+                # the sends stopped too (at 1-s steps and tens of ms of latency, cutting
+                # it at the send phase's end moved CPU per frame by several per cent)
                 self._close_window(recorder, window_before, self._window_counters())
             self._flush(recorder)
             if (flush_ns - start_ns) % POINT_INTERVAL_NS == 0 or flush_ns in (end_ns, stop_ns):
@@ -438,30 +465,55 @@ class Driver:
                 recorder.send_points = len(recorder.timeline)
         await sender
 
-    def _window_counters(self) -> tuple[float, float | None, float, HostTimes]:
+    def _window_counters(self) -> Counters:
         """Now: the clock, the server tree's CPU seconds (None when not told its pid), the
-        CPU seconds of everything that is not "other processes", the host's counters."""
+        CPU seconds of everything that is not "other processes", the host's counters, and
+        the server's cores' busy and steal seconds with its idle neighbours' CPU."""
         server = tree_cpu_s(self.server) if self.server is not None else None
         if self.lab is not None:
             ours = tree_cpu_s(self.lab, whole=True)
         else:
             ours = tree_cpu_s(self.server, whole=True) + tree_cpu_s(self.process, whole=True)
-        return time.monotonic(), server, ours, read_host()
+        cores = self.config.server_cores
+        return Counters(
+            time.monotonic(),
+            server,
+            ours,
+            read_host(),
+            cores_busy_s(cores) if cores else None,
+            steal_s(cores) if cores else None,
+            sum(tree_cpu_s(p) for p in self.neighbours),
+        )
 
     @staticmethod
-    def _close_window(
-        recorder: StepRecorder,
-        before: tuple[float, float | None, float, HostTimes],
-        after: tuple[float, float | None, float, HostTimes],
-    ) -> None:
+    def _close_window(recorder: StepRecorder, before: Counters, after: Counters) -> None:
         """The send phase's window into ``recorder``: its seconds, the server's CPU,
-        other processes' CPU and the host's steal."""
-        recorder.window_s = after[0] - before[0]
-        if before[1] is not None and after[1] is not None:
-            recorder.server_cpu_s = after[1] - before[1]
-        busy = after[3].busy_s - before[3].busy_s
-        recorder.others_cpu_s = max(0.0, busy - (after[2] - before[2]))
-        recorder.steal_s = max(0.0, after[3].steal_s - before[3].steal_s)
+        other processes' CPU and the host's steal; the server's cores' busy time and
+        steal, and its idle neighbours' CPU."""
+        recorder.window_s = after.clock_s - before.clock_s
+        if before.server_s is not None and after.server_s is not None:
+            recorder.server_cpu_s = after.server_s - before.server_s
+        busy = after.host.busy_s - before.host.busy_s
+        recorder.others_cpu_s = max(0.0, busy - (after.ours_s - before.ours_s))
+        recorder.steal_s = max(0.0, after.host.steal_s - before.host.steal_s)
+        if before.core_busy_s is not None and after.core_busy_s is not None:
+            recorder.server_core_busy_s = after.core_busy_s - before.core_busy_s
+            recorder.idle_cpu_s = after.idle_s - before.idle_s
+        if before.core_steal_s is not None and after.core_steal_s is not None:
+            recorder.server_core_steal_s = max(0.0, after.core_steal_s - before.core_steal_s)
+
+    def core_busy(self, step: Step) -> bool:
+        """Whether something else kept the server's cores busy over ``step``'s window
+        (:func:`bench.lab.machine.core_load`; unknown: not busy)."""
+        return is_busy(
+            core_load(
+                step.window_s,
+                step.server_core_busy_s,
+                step.server_core_steal_s,
+                step.server_cpu_s,
+                step.idle_cpu_s,
+            )
+        )
 
     async def run(self) -> int:
         """Connect, warm up, run every step, close; return the exit status."""
@@ -505,16 +557,16 @@ class Driver:
                 f"cost {rate:g}/s", rate, config.cost_step_s, config.connections
             )
             recorder.cost = True
-            await self._recorded_step(rate, recorder, steps)
+            await self.recorded_step(rate, recorder, steps)
         if config.climb_slo is not None:
             held = await self._climb(config.climb_slo, first, steps)
             if held > 0 and config.sustain_s > 0:
                 await self._sustain(round(held * config.sustain_share), steps)
             return
         for index, rate in enumerate(config.rates):
-            await self._recorded_step(rate, first if index == 0 else None, steps)
+            await self.recorded_step(rate, first if index == 0 else None, steps)
 
-    async def _recorded_step(
+    async def recorded_step(
         self, rate: float, recorder: StepRecorder | None, steps: list[Step]
     ) -> Step:
         """Run one recorded step at ``rate``; its Step, appended to ``steps`` and written."""
@@ -543,13 +595,15 @@ class Driver:
         await self._settle()
         recorder = StepRecorder(f"sustain {rate:g}/s", rate, config.sustain_s, config.connections)
         recorder.sustain = True
-        await self._recorded_step(rate, recorder, steps)
+        await self.recorded_step(rate, recorder, steps)
 
     async def _climb(self, slo: dict[str, float], first: StepRecorder, steps: list[Step]) -> float:
         """Find the knee: multiply the rate by ``factor`` while the SLO holds, then bisect
         (geometrically) between the last held and the first broken rate until they are
         within ``resolution``. A stalled step (:func:`stalled_points`) that held, or that
-        broke only in its stalled seconds, is run once more and the re-run decides. A step
+        broke only in its stalled seconds, is run once more and the re-run decides; a step
+        whose server core something else kept busy (:meth:`core_busy`) is run again, at
+        most ``busy_reruns`` times, and the last is kept (the ladder flags it). A step
         that held while the driver was saturated (its core full, or waiting for it) ends the
         climb: the knee is beyond it. Returns the highest rate that held (0: none)."""
         config = self.config
@@ -558,13 +612,23 @@ class Driver:
         recorder: StepRecorder | None = first
         while True:
             rate = round(rate)
-            step = await self._recorded_step(rate, recorder, steps)
+            step = await self.recorded_step(rate, recorder, steps)
             recorder = None
             if step.stall_s and worth_a_rerun(step, slo):
                 step.superseded = True
                 await self._settle()
-                step = await self._recorded_step(rate, None, steps)
+                step = await self.recorded_step(rate, None, steps)
                 step.rerun = True
+                self.write(steps)
+            for _ in range(config.busy_reruns):
+                if not self.core_busy(step):
+                    break
+                # something else ran on the server's core: this step's latency measured
+                # it too; measure again before it decides the knee (kept after the last)
+                step.superseded = True
+                await self._settle()
+                step = await self.recorded_step(rate, None, steps)
+                step.busy_rerun = True
                 self.write(steps)
             if step.holds(slo):
                 held = max(held, rate)

@@ -60,6 +60,11 @@ class StepRecorder:
         self.server_cpu_s: float | None = None
         self.others_cpu_s: float | None = None
         self.steal_s: float | None = None
+        # the server's own cores over the same window, and its idle neighbours' CPU there
+        self.server_core_busy_s: float | None = None
+        self.server_core_steal_s: float | None = None
+        self.idle_cpu_s: float | None = None
+        self.pair_round: int | None = None  # a paired cost step's round (Step.pair_round)
 
     def result(self) -> Step:
         """The step as the results model has it, with the generator-limited verdict."""
@@ -120,10 +125,18 @@ class StepRecorder:
             server_cpu_s=None if self.server_cpu_s is None else round(self.server_cpu_s, 4),
             others_cpu_s=None if self.others_cpu_s is None else round(self.others_cpu_s, 4),
             steal_s=None if self.steal_s is None else round(self.steal_s, 4),
+            server_core_busy_s=_rounded(self.server_core_busy_s),
+            server_core_steal_s=_rounded(self.server_core_steal_s),
+            idle_cpu_s=_rounded(self.idle_cpu_s),
+            pair_round=self.pair_round,
             acks=self.ack_latency.count,
             wire_bytes=self.wire_bytes,
             wire_deliveries=self.wire_deliveries,
         )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def summary_line(step: Step) -> str:

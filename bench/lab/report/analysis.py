@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.lab.ladder import Ladder, ladder, pairwise_floor, step_load
-from bench.lab.machine import MachineVerdict, is_busy, machine_verdict
+from bench.lab.ladder import Ladder, ladder, pairwise_floor
+from bench.lab.machine import MachineVerdict, machine_verdict
+from bench.lab.pairs import step_busy, step_load
 from bench.lab.plots import Spread, StepKey, compared_steps, samples_during, spread
 from bench.lab.report.formatting import GENERATOR_LIMITED
 from bench.lab.results import HEADLINE_SLO_MS, SEED_SLO_MS, Results, Run, Step
@@ -48,7 +49,9 @@ class Row:
     limited: list[tuple[Run, Step]]
     # each figure per repeat, in repeat order (what the A/A floor pairs up)
     values: dict[str, list[float | None]] = field(default_factory=dict)
-    busy: bool = False  # a step's window was busy (bench.lab.machine): nothing confirmed
+    # a step's server core was busy (bench.lab.ladder.step_busy): what it voids is not
+    # confirmed (bench.lab.pairs.FIGURE_BOUNDS)
+    busy: bool = False
 
 
 @dataclass
@@ -110,7 +113,7 @@ def _row(config: str, pairs: list[tuple[Run, Step]]) -> Row:
         seed_held=sum(s.holds(SEED_SLO_MS) for _, s in pairs),
         limited=[(r, s) for r, s in pairs if s.generator_limited],
         values=values,
-        busy=any(is_busy(step_load(s)) for _, s in pairs),
+        busy=any(step_busy(s) for _, s in pairs),
     )
 
 

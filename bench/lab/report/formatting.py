@@ -7,7 +7,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from bench.lab.machine import BUSY
+from bench.lab.machine import CORE_BUSY
 
 if TYPE_CHECKING:
     from bench.lab.plots import Spread
@@ -57,12 +57,13 @@ def ratio_cell(
 ) -> str:
     """The ratio of medians with its range from the repeats' min-max, or "≈ no difference"
     when the ratio is within the noise floor or the two ranges overlap; "not confirmed:
-    the machine was busy" beside it when a step of either was busy."""
+    the server's core was busy" beside it when a step of either was (and the figure is
+    one a busy core voids: :data:`bench.lab.pairs.FIGURE_BOUNDS`)."""
     if figure is None or base is None or base.median <= 0:
         return EMPTY
     ratio = figure.median / base.median
     if busy:
-        return f"{TIMES}{ratio:.2f} (not confirmed: {BUSY})"
+        return f"{TIMES}{ratio:.2f} (not confirmed: {CORE_BUSY})"
     low = figure.low / base.high if base.high > 0 else ratio
     high = figure.high / base.low if base.low > 0 else ratio
     overlaps = (figure.n > 1 or base.n > 1) and low <= 1 <= high

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.lab.ladder import delivered_label, floor_text
 from bench.lab.matrix import offers_deflate
+from bench.lab.pairs import FIGURE_BOUNDS
 from bench.lab.plots import DRIVER_TITLES, Plot, StepKey, config_names
 from bench.lab.report.analysis import LATENCIES, RATIO_FIGURES, Analysis, Row
 from bench.lab.report.formatting import (
@@ -147,10 +148,13 @@ def noise_floor_blocks(analysis: Analysis) -> list[Block]:
     blocks.append(
         Para(
             f"The A/A pair ({pair}) has identical settings, so the difference between its "
-            "two configurations is noise: a figure's floor is the largest relative "
-            "difference between them in any repeat. A difference is claimed only when it "
-            "exceeds its own figure's floor in every repeat, on a quiet machine. These are "
-            "the floors every section quotes."
+            "two configurations is noise. CPU per frame's floor is how far the A/A pair's "
+            "paired ratio (its pairs' mean log-ratio with a 95 % t interval) reaches from "
+            "1, and a difference is claimed when its own interval lies beyond it, whatever "
+            "the machine did. Every other figure's floor is the largest relative difference "
+            "between the two in any repeat, and a difference is claimed when it exceeds it "
+            "in every repeat and no step it rests on was busy on the server's core. These "
+            "are the floors every section quotes."
         )
     )
     rows = []
@@ -297,7 +301,7 @@ def _ratio_table(analysis: Analysis, key: StepKey, by_config: dict[str, Row]) ->
                         row.figures.get(n),
                         base.figures.get(n),
                         floors.get(n),
-                        busy=row.busy or base.busy,
+                        busy=(row.busy or base.busy) and FIGURE_BOUNDS.get(n) != "floor",
                     )
                     for n in RATIO_FIGURES
                 ),

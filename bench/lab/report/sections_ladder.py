@@ -25,8 +25,8 @@ from bench.lab.tailwatch import likely_cause
 
 
 def findings_blocks(analysis: Analysis, plots: list[Plot], out_dir: Path) -> list[Block]:
-    """The sentences the report opens with (the machine first when it was busy), and the
-    capacity-ladder chart under them."""
+    """The sentences the report opens with (what was busy and what that voided first), and
+    the capacity-ladder chart under them."""
     found = analysis.ladder
     if found is None:
         if not analysis.machine.windows:
@@ -54,12 +54,13 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
             "(multiply the offered rate while it holds, then bisect to within "
             f"{found.resolution * 100:.0f} %). A difference is claimed only when it holds in every "
             f"repeat and exceeds the noise floor, here {floor_text(found.floor)} "
-            f"({found.floor_source}), on a quiet machine; otherwise it reads "
-            '"not confirmed" with the reason. '
+            f"({found.floor_source}), and no step that decided it was busy on the server's "
+            "own core (a busy climb step is measured again, at most twice); otherwise it "
+            'reads "not confirmed" with the reason. '
             "\u2265 marks a knee that is only a lower bound (the driver was the limit, or "
             "nothing broke up to the climb's top rate). Beside each knee, the server's CPU "
-            "µs per delivered message frame at each stated cost rate (median over repeats, "
-            'min\u2013max; "busy" when the machine was): it holds where a knee is only a '
+            "µs per delivered message frame at each stated cost rate (median over the paired "
+            "rounds, or over repeats, min\u2013max): it holds where a knee is only a "
             "lower bound."
         ),
     ]
@@ -68,7 +69,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
     header += ["driver ceiling", "of its transport's floor", "vs baseline"]
     header += [f"vs {r.config}" for r in relays]
     header += [f"µs/frame at {delivered_label(rate, room)}" for rate in found.cost_rates]
-    header += ["stalls / re-runs"]
+    header += ["stalls / re-runs / busy re-runs"]
     rows = []
     for rung in found.rungs:
         versus = found.against_baseline.get(rung.config)
@@ -96,7 +97,7 @@ def ladder_blocks(found: Ladder | None) -> list[Block]:
         row += [
             rung.costs[rate].label() if rate in rung.costs else EMPTY for rate in found.cost_rates
         ]
-        row.append(f"{rung.stalled_steps} / {rung.reruns}")
+        row.append(f"{rung.stalled_steps} / {rung.reruns} / {rung.busy_reruns}")
         rows.append(row)
     blocks.append(Table(header, rows))
     blocks += cost_blocks(found)
@@ -204,9 +205,13 @@ def cost_blocks(found: Ladder) -> list[Block]:
             "received; acks are not counted (the chat server writes N+1 frames per send, a "
             "relay N). Beside it, the bytes each delivered message took on the wire (websocket "
             "header and payload, compressed where deflate was negotiated; median over "
-            "repeats), as the driver read them. Ratios are repeat by repeat, below 1 costs "
-            "less; confirmed beyond the "
-            f"floor ({floors or 'none measured'}) in every repeat on a quiet machine. The "
+            "rounds), as the driver read them. The configurations that can share the "
+            "server's core were started together and their cost steps taken one at a time, "
+            "A B B A, so that each comparison is a list of pairs taken seconds apart. A "
+            "ratio is the geometric mean of its pairs' ratios with its 95 % t interval and "
+            "the number of pairs, below 1 costs less; confirmed when the whole interval lies "
+            f"beyond the A/A pair's floor ({floors or 'none measured'}: how far the same "
+            "statistic over the A/A pairs reaches from 1), whatever the machine did. The "
             "rung before is the ladder's previous step (for an A/A twin, its original)."
         ),
         Table(

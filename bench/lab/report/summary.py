@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bench.lab.findings import what_was_busy
 from bench.lab.ladder import Comparison, Ladder, delivered_label, floor_text
 from bench.lab.report.analysis import Analysis, analyse
 from bench.lab.report.formatting import EMPTY, num, ratio_cell, verdict
@@ -21,10 +22,15 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
 def summary_table(results: Results) -> str:
     """Plain text for the terminal: per driver step, each configuration's median p50, p99,
     max, delivered/s and server CPU, its headline SLO verdict and p99 against the baseline;
-    then the ladder (each rung's knee and CPU µs per frame); the machine's verdict first
-    when it was busy."""
+    then the ladder (each rung's knee and CPU µs per frame); what was busy and what that
+    voided first."""
     analysis = analyse(results)
-    parts = [analysis.machine.sentence()] if analysis.machine.busy else []
+    found = analysis.ladder
+    if found is not None:
+        busy = found.machine.busy or found.cost_core.busy or found.climb_core.busy
+        parts = what_was_busy(found) if busy else []
+    else:
+        parts = [analysis.machine.sentence()] if analysis.machine.busy else []
     parts += _step_tables(results, analysis)
     if analysis.ladder is not None:
         parts.append(ladder_table(analysis.ladder))
