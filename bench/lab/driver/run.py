@@ -30,7 +30,7 @@ from bench.lab.driver.connections import (
 from bench.lab.driver.frames import decode_frame, frame_kind_reader, send_frame
 from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
-from bench.lab.machine import HostTimes, cores_busy_s, read_host, tree_cpu_s
+from bench.lab.machine import CpuSplit, cores_busy_s, cpu_split, tree_cpu_s
 from bench.lab.results import Step, TimePoint
 from chat_server.codecs import get_codec
 from chat_server.messages import Join
@@ -438,30 +438,27 @@ class Driver:
                 recorder.send_points = len(recorder.timeline)
         await sender
 
-    def _window_counters(self) -> tuple[float, float | None, float, HostTimes]:
-        """Now: the clock, the server tree's CPU seconds (None when not told its pid), the
-        CPU seconds of everything that is not "other processes", the host's counters."""
+    def _window_counters(self) -> tuple[float, float | None, CpuSplit]:
+        """Now: the clock, the server tree's CPU seconds (None when not told its pid), and
+        the CPU split between the lab's tree (or the server's and this driver's) and
+        every other process, with the host's counters."""
         server = tree_cpu_s(self.server) if self.server is not None else None
-        if self.lab is not None:
-            ours = tree_cpu_s(self.lab, whole=True)
-        else:
-            ours = tree_cpu_s(self.server, whole=True) + tree_cpu_s(self.process, whole=True)
-        return time.monotonic(), server, ours, read_host()
+        ours = [self.lab] if self.lab is not None else [self.server, self.process]
+        return time.monotonic(), server, cpu_split(ours)
 
     @staticmethod
     def _close_window(
         recorder: StepRecorder,
-        before: tuple[float, float | None, float, HostTimes],
-        after: tuple[float, float | None, float, HostTimes],
+        before: tuple[float, float | None, CpuSplit],
+        after: tuple[float, float | None, CpuSplit],
     ) -> None:
         """The send phase's window into ``recorder``: its seconds, the server's CPU,
         other processes' CPU and the host's steal."""
         recorder.window_s = after[0] - before[0]
         if before[1] is not None and after[1] is not None:
             recorder.server_cpu_s = after[1] - before[1]
-        busy = after[3].busy_s - before[3].busy_s
-        recorder.others_cpu_s = max(0.0, busy - (after[2] - before[2]))
-        recorder.steal_s = max(0.0, after[3].steal_s - before[3].steal_s)
+        recorder.others_cpu_s = max(0.0, after[2].others_s - before[2].others_s)
+        recorder.steal_s = max(0.0, after[2].host.steal_s - before[2].host.steal_s)
 
     async def run(self) -> int:
         """Connect, warm up, run every step, close; return the exit status."""
