@@ -11,7 +11,10 @@ server's own CPU time, is judged against its paired floor instead, whatever the
 machine did.
 
 :func:`busy_reasons`, :func:`core_load` and :func:`machine_verdict` are pure;
-:func:`read_host` and :func:`tree_cpu_s` read ``/proc`` through psutil.
+:func:`read_host`, :func:`tree_cpu_s` and :func:`cpu_split` read ``/proc`` through
+psutil. Other processes' CPU is counted process by process (:class:`CpuSplit`), not as
+the host's busy time less the lab's: the two counters disagree by up to a core over a
+step on a VM (``docs/decisions/0018-other-processes.md``).
 """
 
 from __future__ import annotations
@@ -212,36 +215,80 @@ def cores_busy_s(cores: Sequence[int]) -> float:
     return total
 
 
-def tree_cpu_s(root: psutil.Process | None, *, whole: bool = False) -> float:
+def tree_cpu_s(root: psutil.Process | None) -> float:
     """CPU seconds (user + system) of ``root`` and its living descendants so far, from
-    their threads' nanosecond counters (:func:`process_cpu_s`). With ``whole``, from the
-    kernel's per-process totals instead (10-ms ticks), which also hold the time of
-    threads that have ended and of children already reaped: what "ours" must count, so
-    that a thread or a driver ending inside a window never reads as another process."""
+    their threads' nanosecond counters (:func:`process_cpu_s`)."""
     if root is None:
         return 0.0
     total = 0.0
     with suppress(psutil.Error):
         for proc in [root, *root.children(recursive=True)]:
             with suppress(psutil.Error):
-                if whole:
-                    t = proc.cpu_times()
-                    total += t.user + t.system + t.children_user + t.children_system
-                else:
-                    total += process_cpu_s(proc)
+                total += process_cpu_s(proc)
     return total
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds so far, every process counted once by its own counters (user +
+    system, with the children it has reaped, so that a process ending inside a window
+    stays counted): ``ours`` (the trees of the processes named) and ``others`` (every
+    other process, kernel threads included); and the host's counters. What the host
+    counts busy beyond both (:attr:`unattributed_s`) is no process' time: the kernel's
+    interrupts and softirqs taken on an idle core, and the difference between the
+    host's tick-sampled busy time and the processes' own run time. "Other processes"
+    is ``others``, never the host's busy time less ours (docs/decisions/0018)."""
+
+    ours_s: float
+    others_s: float
+    host: HostTimes
+
+    @property
+    def unattributed_s(self) -> float:
+        return self.host.busy_s - self.ours_s - self.others_s
+
+
+def cpu_split(ours: Iterable[psutil.Process | None]) -> CpuSplit:
+    """The CPU split now between the trees of ``ours`` and every other process."""
+    host = read_host()
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for proc in psutil.process_iter(["ppid", "cpu_times"]):
+        t = proc.info["cpu_times"]
+        if t is None:  # gone, or not ours to read
+            continue
+        parent[proc.pid] = proc.info["ppid"] or 0
+        used[proc.pid] = t.user + t.system + t.children_user + t.children_system
+    roots = {p.pid for p in ours if p is not None}
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    tree: set[int] = set()
+    todo = [pid for pid in roots if pid in parent]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo += children.get(pid, [])
+    ours_s = sum(used[pid] for pid in tree)
+    return CpuSplit(ours_s, sum(used.values()) - ours_s, host)
+
+
+def load_between(before: CpuSplit, after: CpuSplit, seconds: float) -> MachineLoad | None:
+    """Other processes' CPU and the host's steal between two splits ``seconds`` apart."""
+    return MachineLoad.over(
+        seconds, after.others_s - before.others_s, after.host.steal_s - before.host.steal_s
+    )
 
 
 def others_load_over(seconds: float, ours: psutil.Process | None = None) -> MachineLoad | None:
     """What processes outside ``ours``' tree (this process' by default) and the host's
     steal took over the next ``seconds``."""
     ours = ours or psutil.Process()
-    host0, ours0, t0 = read_host(), tree_cpu_s(ours, whole=True), time.monotonic()
+    before, t0 = cpu_split([ours]), time.monotonic()
     time.sleep(seconds)
-    host1, ours1, t1 = read_host(), tree_cpu_s(ours, whole=True), time.monotonic()
-    return MachineLoad.over(
-        t1 - t0, (host1.busy_s - host0.busy_s) - (ours1 - ours0), host1.steal_s - host0.steal_s
-    )
+    after, t1 = cpu_split([ours]), time.monotonic()
+    return load_between(before, after, t1 - t0)
 
 
 def wait_for_quiet(

@@ -5,6 +5,12 @@ Pure: a :class:`Target` (validated by :func:`target_errors`) and measured
 (:func:`plan_markdown`); no I/O. Every number of the plan names the measured figure it
 comes from, and the assumptions it stands on are listed with it.
 
+Every tier is also given as a range (:class:`TierRange`): the tier planned again at
+every combination of the ends of its parts' intervals (each part's ``low`` and ``high``:
+the range over the run's repeats), its fewest and most, and the part whose interval
+alone moves it most. A part measured once has no interval and widens nothing; the plan
+names it.
+
 n+1 on every tier: one chat process more than the load needs (a lost process' users
 reconnect to the others, which hold them), each Redis primary with one replica (a
 lost primary's replica takes its slots over), one auth replica more than the logins
@@ -13,10 +19,13 @@ need.
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.lab.scaling import (
+    DASH,
+    Figure,
     Parts,
     chat_delivered_per_s,
     chat_us_per_frame,
@@ -94,6 +103,63 @@ def target_errors(target: Target) -> list[str]:
     return errors
 
 
+#: the parts a tier's range is made from, each with the tiers it moves
+RANGED_PARTS: dict[str, tuple[str, ...]] = {
+    "u1": ("chat processes", "Redis primaries"),
+    "beta": ("chat processes", "Redis primaries"),
+    "knee": ("chat processes", "Redis primaries"),
+    "bytes_per_connection": ("chat processes", "Redis primaries"),
+    "redis_commit_us": ("Redis primaries",),
+    "redis_delivery_us": ("Redis primaries",),
+    "logins_per_cpu_s": ("auth replicas",),
+}
+
+
+@dataclass(frozen=True)
+class Swing:
+    """One part's interval alone, the other parts at their medians: the tier's total
+    (with n+1) at the part's two ends, fewest first."""
+
+    part: str
+    figure: Figure
+    low: int
+    high: int
+    need_width: float  # the same in the tier's need before rounding up (breaks ties)
+
+    @property
+    def width(self) -> int:
+        return self.high - self.low
+
+    def text(self) -> str:
+        """``beta 1.20-3.40 µs/frame per process: 16-20``."""
+        f = self.figure
+        digits = 0 if max(abs(f.low), abs(f.high)) >= 1000 else 2
+        unit = f" {f.unit}" if f.unit else ""
+        return (
+            f"{self.part} {f.low:,.{digits}f}{DASH}{f.high:,.{digits}f}{unit}: "
+            f"{_span(self.low, self.high)}"
+        )
+
+
+@dataclass(frozen=True)
+class TierRange:
+    """A tier's total (with n+1) over every combination of its parts' interval ends:
+    the fewest and the most, and the part whose interval alone moves it most (None: no
+    part with an interval moves it)."""
+
+    low: int
+    high: int
+    widest: Swing | None = None
+
+    def text(self) -> str:
+        """``15-20``, or ``17`` when every end gives the same."""
+        return _span(self.low, self.high)
+
+
+def _span(low: int, high: int) -> str:
+    return str(low) if low == high else f"{low}{DASH}{high}"
+
+
 @dataclass(frozen=True)
 class Tier:
     """One tier of the plan: how many for the load, how many with n+1, and why."""
@@ -104,6 +170,8 @@ class Tier:
     decided_by: str  # the constraint that set ``for_load``
     sources: tuple[str, ...]  # each figure used: its value and where it was measured
     replicas: int = 0  # standbys beside ``total`` (a Redis primary's replica)
+    need: float = 0.0  # ``for_load`` before rounding up: the load over one's capacity
+    range: TierRange | None = None  # over the parts' intervals (None: not computed)
 
     def total_text(self) -> str:
         """``17``, or ``4 + 4 replicas``."""
@@ -120,6 +188,8 @@ class Plan:
     assumptions: tuple[str, ...]
     not_planned: tuple[str, ...] = ()  # tiers whose figures were not measured: why
     figures: dict[str, float] = field(default_factory=dict)  # derived numbers, for tests
+    # parts the plan used that have no interval (measured once, or every repeat alike)
+    no_interval: tuple[str, ...] = ()
 
     def tier(self, name: str) -> Tier | None:
         return next((t for t in self.tiers if t.name == name), None)
@@ -164,8 +234,70 @@ def chat_processes_for_load(parts: Parts, target: Target) -> int:
 
 
 def plan(parts: Parts, target: Target) -> Plan:
-    """The plan for ``target`` on ``parts``; tiers whose figures are missing are named in
-    ``not_planned`` with the figure they need."""
+    """The plan for ``target`` on ``parts``, each tier with its range over the parts'
+    intervals; tiers whose figures are missing are named in ``not_planned`` with the
+    figure they need."""
+    point = _point_plan(parts, target)
+    ends = {name: e for name in RANGED_PARTS if (e := _ends(getattr(parts, name))) is not None}
+    used = {name for name in RANGED_PARTS if getattr(parts, name) is not None}
+    tiers = tuple(
+        replace(tier, range=_tier_range(tier, parts, target, ends)) for tier in point.tiers
+    )
+    no_interval = tuple(
+        name
+        for name in RANGED_PARTS
+        if name in used and name not in ends and any(point.tier(t) for t in RANGED_PARTS[name])
+    )
+    return replace(point, tiers=tiers, no_interval=no_interval)
+
+
+def _ends(figure: Figure | None) -> tuple[float, float] | None:
+    """A part's interval: its low and high (None: measured once, or every repeat alike)."""
+    if figure is None or figure.repeats < 2 or figure.low == figure.high:
+        return None
+    return figure.low, figure.high
+
+
+def _at(parts: Parts, values: dict[str, float]) -> Parts:
+    """``parts`` with each named part's value set (its interval and source kept)."""
+    return replace(
+        parts, **{name: replace(getattr(parts, name), value=v) for name, v in values.items()}
+    )
+
+
+def _total_and_need(parts: Parts, target: Target, name: str) -> tuple[int, float]:
+    tier = _point_plan(parts, target).tier(name)
+    assert tier is not None  # the same parts are measured at every end
+    return tier.total, tier.need
+
+
+def _tier_range(
+    tier: Tier, parts: Parts, target: Target, ends: dict[str, tuple[float, float]]
+) -> TierRange:
+    """``tier``'s total over every combination of the interval ends of the parts that
+    move it, and the part that alone moves it most."""
+    mine = {name: e for name, e in ends.items() if tier.name in RANGED_PARTS[name]}
+    totals = [tier.total]
+    for corner in itertools.product(*mine.values()):
+        totals.append(
+            _total_and_need(_at(parts, dict(zip(mine, corner, strict=True))), target, tier.name)[0]
+        )
+    swings = []
+    for name, (low, high) in mine.items():
+        at = [_total_and_need(_at(parts, {name: v}), target, tier.name) for v in (low, high)]
+        found = [tier.total, *(t for t, _ in at)]
+        needs = [tier.need, *(n for _, n in at)]
+        swings.append(
+            Swing(name, getattr(parts, name), min(found), max(found), max(needs) - min(needs))
+        )
+    widest = max(swings, key=lambda s: (s.width, s.need_width), default=None)
+    if widest is not None and widest.need_width == 0:
+        widest = None
+    return TierRange(min(totals), max(totals), widest)
+
+
+def _point_plan(parts: Parts, target: Target) -> Plan:
+    """The plan at the parts' values (their medians), without ranges."""
     tiers: list[Tier] = []
     not_planned: list[str] = []
     figures: dict[str, float] = {
@@ -201,6 +333,9 @@ def plan(parts: Parts, target: Target) -> Plan:
             else f"connections: {target.connections:,.0f} at {per_process:,.0f} per process "
             f"({target.process_memory_gib:g} GiB each)"
         )
+        # the load over one process' budget at the spread ``needed`` processes give
+        budget_us = parts.knee.value * parts.u1.value
+        load_need = target.delivered_per_s * figures["us_per_frame"] / budget_us
         per_process_lost = target.connections / needed  # one process lost: n of n+1 left
         if parts.connections and per_process_lost > parts.connections:
             assumptions += (
@@ -222,13 +357,15 @@ def plan(parts: Parts, target: Target) -> Plan:
                     f"memory per connection: {parts.bytes_per_connection.text()} "
                     f"({parts.bytes_per_connection.source})",
                 ),
+                need=max(target.connections / per_process, load_need),
             )
         )
     if parts.redis_commit_us is None or parts.redis_delivery_us is None:
         not_planned.append("Redis primaries: not measured: Redis' CPU per commit and per delivery")
     else:
         per_message = redis_us_per_message(parts, spread)
-        primaries = max(1, math.ceil(target.sends_per_s * per_message / (target.share * 1e6)))
+        redis_need = target.sends_per_s * per_message / (target.share * 1e6)
+        primaries = max(1, math.ceil(redis_need))
         figures["redis_us_per_message"] = per_message
         tiers.append(
             Tier(
@@ -244,6 +381,7 @@ def plan(parts: Parts, target: Target) -> Plan:
                     f"({parts.redis_delivery_us.source})",
                 ),
                 replicas=primaries,
+                need=redis_need,
             )
         )
     if parts.logins_per_cpu_s is None:
@@ -263,6 +401,7 @@ def plan(parts: Parts, target: Target) -> Plan:
                     f"argon2 logins per CPU-second: {parts.logins_per_cpu_s.text()} "
                     f"({parts.logins_per_cpu_s.source})",
                 ),
+                need=target.logins_per_s / per_replica,
             )
         )
     return Plan(target, tuple(tiers), spread, assumptions, tuple(not_planned), figures)
@@ -303,6 +442,14 @@ def _assumptions(parts: Parts, target: Target) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: how the plan's ranges are made, printed under its table
+RANGE_NOTE = (
+    "Range: the tier planned again at every combination of the ends of its parts' "
+    "intervals (each part's range over the run's repeats), fewest to most; widened most "
+    "by: the part whose interval alone, the others at their medians, moves the tier most."
+)
+
+
 def plan_markdown(found: Plan) -> str:
     """The plan as text (Markdown, readable in a terminal): the tiers, what each number
     comes from, the assumptions."""
@@ -313,12 +460,25 @@ def plan_markdown(found: Plan) -> str:
         f"Target: {t.users:,} connected users, {t.sends_per_user_per_min:g} sends per user "
         f"per minute, rooms of {t.room_size}, {t.logins_per_s:g} logins/s, SLO {t.slo}.",
         "",
-        "| tier | for the load | with n+1 | decided by |",
-        "|---|---:|---:|---|",
+        "| tier | for the load | with n+1 | range with n+1 | widened most by | decided by |",
+        "|---|---:|---:|---:|---|---|",
     ]
     for tier in found.tiers:
-        lines.append(f"| {tier.name} | {tier.for_load} | {tier.total_text()} | {tier.decided_by} |")
+        span = tier.range.text() if tier.range else ""
+        widest = tier.range.widest.text() if tier.range and tier.range.widest else "no part"
+        lines.append(
+            f"| {tier.name} | {tier.for_load} | {tier.total_text()} | {span} | {widest} "
+            f"| {tier.decided_by} |"
+        )
     lines.append("")
+    if found.tiers:
+        lines += [RANGE_NOTE, ""]
+    if found.no_interval:
+        lines += [
+            f"No interval (measured once, or every repeat alike), so they widen no range: "
+            f"{', '.join(found.no_interval)}.",
+            "",
+        ]
     for reason in found.not_planned:
         lines.append(f"- NOT PLANNED: {reason}")
     if found.not_planned:

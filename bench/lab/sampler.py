@@ -3,8 +3,9 @@
 Each role ("server", "generator", "auth") names one process; its children are counted
 with it (the supervisor's workers, a driver's helpers). CPU is in percent of one core
 over the last interval (200 = two cores busy), RSS in bytes, summed over the tree.
-Beside them, the machine: other processes' CPU (everything busy outside this process'
-tree, which holds every role) and the host's steal, as :class:`HostSample` s.
+Beside them, the machine: other processes' CPU (every process outside this process'
+tree, which holds every role, kernel threads included: :func:`~bench.lab.machine.
+cpu_split`) and the host's steal, as :class:`HostSample` s.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import suppress
-from typing import Any
 
 import psutil
 
-from bench.lab.machine import MachineLoad, read_host, tree_cpu_s
+from bench.lab.machine import CpuSplit, cpu_split, load_between
 from bench.lab.results import HostSample, Sample
 from chatlab.harness import pin_this_thread
 
@@ -72,14 +72,10 @@ class Sampler:
                 procs.append(self._procs.setdefault(child.pid, child))
         return procs
 
-    def _sample_host(self, before: tuple[float, Any, float]) -> tuple[float, Any, float]:
+    def _sample_host(self, before: tuple[float, CpuSplit]) -> tuple[float, CpuSplit]:
         """Append the machine's load since ``before``; the counters now."""
-        now = (time.monotonic(), read_host(), tree_cpu_s(self._lab, whole=True))
-        load = MachineLoad.over(
-            now[0] - before[0],
-            (now[1].busy_s - before[1].busy_s) - (now[2] - before[2]),
-            now[1].steal_s - before[1].steal_s,
-        )
+        now = (time.monotonic(), cpu_split([self._lab]))
+        load = load_between(before[1], now[1], now[0] - before[0])
         if load is not None and now[0] - before[0] > 0.05:
             self.host.append(
                 HostSample(
@@ -93,7 +89,7 @@ class Sampler:
     def _loop(self) -> None:
         pin_this_thread(self.cores)
         next_at = time.monotonic()
-        host_before = (next_at, read_host(), tree_cpu_s(self._lab, whole=True))
+        host_before = (next_at, cpu_split([self._lab]))
         while not self._stop.is_set():
             host_before = self._sample_host(host_before)
             with self._lock:

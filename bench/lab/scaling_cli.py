@@ -8,9 +8,12 @@ service's configured cost and the chat server's memory per idle connection
 scaling section holds the function, its terms' sources and the ``WORKERS=2`` check.
 
 ``plan`` reads a saved run (``--from``, else the newest ``reports/*-scaling`` run) and
-prints the plan (:mod:`bench.lab.plan`), also written as ``plan.md`` beside that run's
-report. Exit status: 0 planned, 1 a tier's figures were not measured, 2 a bad input or
-no measured figures at all (it says which command makes them).
+prints the plan (:mod:`bench.lab.plan`), each tier with its range over the parts'
+intervals, also written as ``plan.md`` beside that run's report. The repository ships
+one small real run (:data:`EXAMPLE_RUN`, its README says how it was made) so that a
+fresh clone can plan before it measures; a plan on it says so, and is written only
+where ``--out`` says. Exit status: 0 planned, 1 a tier's figures were not measured, 2 a
+bad input or no measured figures at all (it says which command makes them).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from bench.lab.matrix import MatrixError, available, load_matrix
 from bench.lab.plan import DEFAULT_PROCESS_MEMORY_GIB, DEFAULT_SHARE, Target, plan, plan_markdown
 from bench.lab.results import REPORTS_DIR, Results, parse_slo
+from chatlab.harness import ROOT
 
 log = logging.getLogger("bench.lab")
 
@@ -37,6 +41,9 @@ MEASURE_COMMAND = "python -m bench.lab scaling"
 LOGINS_DURATION_S = 3.0
 #: idle connections per memory measurement: the lab's shape
 MEMORY_CONNECTIONS = 2000
+#: a small real scaling run shipped with the repository, for a plan before any
+#: measurement of one's own (``bench/lab/examples/scaling/README.md``: how it was made)
+EXAMPLE_RUN = ROOT / "bench" / "lab" / "examples" / "scaling" / "results.json"
 
 
 def logins_per_cpu_s(
@@ -173,21 +180,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(
             f"plan: no measured figures ({where}). Measure them first, on a quiet machine:\n"
             f"  {MEASURE_COMMAND}\n"
-            "or give a saved run: --from reports/<time>-scaling/results.json",
+            "or give a saved run: --from reports/<time>-scaling/results.json\n"
+            "(the repository's example run, measured on another machine: "
+            f"--from {EXAMPLE_RUN.relative_to(ROOT)})",
             file=sys.stderr,
         )
         return 2
     results = Results.load(source)
     found = plan(parts_of(results, target.slo), target)
-    text = plan_markdown(found) + f"\nFigures from: {source}\n"
+    text = plan_markdown(found) + f"\nFigures from: {_figures_from(source, results)}\n"
     print(text)
-    out = Path(args.out) if args.out else source.parent / "plan.md"
-    out.write_text(text, encoding="utf-8")
-    print(f"written to {out}")
+    shipped = source.resolve() == EXAMPLE_RUN.resolve()
+    if args.out or not shipped:
+        out = Path(args.out) if args.out else source.parent / "plan.md"
+        out.write_text(text, encoding="utf-8")
+        print(f"written to {out}")
     if found.not_planned:
         print(f"to measure what is missing: {MEASURE_COMMAND}", file=sys.stderr)
         return 1
     return 0
+
+
+def _figures_from(source: Path, results: Results) -> str:
+    """Where the plan's figures come from; the shipped example run says it is one."""
+    if source.resolve() != EXAMPLE_RUN.resolve():
+        return str(source)
+    facts = results.machine
+    return (
+        f"{source.relative_to(ROOT) if source.is_absolute() else source}, the shipped "
+        f"example run ({results.started[:10]}, commit {facts.get('commit') or '?'}, "
+        f"{facts.get('cores', '?')} cores of {facts.get('cpu_model') or 'an unnamed CPU'}): "
+        f"another machine's figures; {MEASURE_COMMAND} measures this one's"
+    )
 
 
 def target_of(args: argparse.Namespace) -> Target:
@@ -215,9 +239,13 @@ How the numbers are found (bench/lab/scaling.py, bench/lab/plan.py):
                   a core each; each primary with one replica
   auth replicas   logins/s over (--auth-cores x --cpu-share x argon2 logins per
                   CPU-second); then + 1
+Each tier is printed with its range: planned again at every combination of the ends of
+its parts' intervals (each part's range over the run's repeats), naming the part whose
+interval alone moves it most.
 Every figure comes from a lab run ({MEASURE_COMMAND}); the plan names each one's run,
-configuration and step. Example (the README's):
-  python -m bench.lab plan --users 1000000 --sends-per-min 2 --room-size 10 --logins-per-s 100
+configuration and step. Example (the README's, on the run shipped with the repository):
+  python -m bench.lab plan --users 1000000 --sends-per-min 2 --room-size 10 --logins-per-s 100 \
+    --from {EXAMPLE_RUN.relative_to(ROOT)}
 """
 
 

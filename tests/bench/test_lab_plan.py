@@ -216,13 +216,3 @@ def test_plan_refuses_bad_input_with_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert not (saved.parent / "plan.md").exists()
-
-
-def test_the_readmes_example_is_what_plan_prints_on_the_example_figures() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    example = readme[readme.index("it prints:") :]
-    example = example[example.index("```\n") + 4 :]
-    example = example[: example.index("```")]
-    text = plan_markdown(plan(PARTS, EXAMPLE_TARGET))
-    table = [line for line in text.splitlines() if line.startswith("|")]
-    assert example.strip().splitlines() == table

@@ -32,11 +32,11 @@ from bench.lab.driver.frames import decode_frame, frame_kind_reader, send_frame
 from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
 from bench.lab.machine import (
-    HostTimes,
+    CpuSplit,
     core_load,
     cores_busy_s,
+    cpu_split,
     is_busy,
-    read_host,
     steal_s,
     tree_cpu_s,
 )
@@ -72,8 +72,7 @@ class Counters(NamedTuple):
 
     clock_s: float
     server_s: float | None  # the server tree's CPU seconds
-    ours_s: float  # CPU seconds of what is not "other processes"
-    host: HostTimes
+    split: CpuSplit  # ours and other processes', each by its own counters; the host's
     core_busy_s: float | None  # the server's cores' busy seconds (None: not read)
     core_steal_s: float | None
     idle_s: float  # the idle neighbours' CPU seconds
@@ -467,19 +466,16 @@ class Driver:
 
     def _window_counters(self) -> Counters:
         """Now: the clock, the server tree's CPU seconds (None when not told its pid), the
-        CPU seconds of everything that is not "other processes", the host's counters, and
-        the server's cores' busy and steal seconds with its idle neighbours' CPU."""
+        CPU split between the lab's tree (or the server's and this driver's) and every
+        other process, with the host's counters, and the server's cores' busy and steal
+        seconds with its idle neighbours' CPU."""
         server = tree_cpu_s(self.server) if self.server is not None else None
-        if self.lab is not None:
-            ours = tree_cpu_s(self.lab, whole=True)
-        else:
-            ours = tree_cpu_s(self.server, whole=True) + tree_cpu_s(self.process, whole=True)
+        ours = [self.lab] if self.lab is not None else [self.server, self.process]
         cores = self.config.server_cores
         return Counters(
             time.monotonic(),
             server,
-            ours,
-            read_host(),
+            cpu_split(ours),
             cores_busy_s(cores) if cores else None,
             steal_s(cores) if cores else None,
             sum(tree_cpu_s(p) for p in self.neighbours),
@@ -493,9 +489,8 @@ class Driver:
         recorder.window_s = after.clock_s - before.clock_s
         if before.server_s is not None and after.server_s is not None:
             recorder.server_cpu_s = after.server_s - before.server_s
-        busy = after.host.busy_s - before.host.busy_s
-        recorder.others_cpu_s = max(0.0, busy - (after.ours_s - before.ours_s))
-        recorder.steal_s = max(0.0, after.host.steal_s - before.host.steal_s)
+        recorder.others_cpu_s = max(0.0, after.split.others_s - before.split.others_s)
+        recorder.steal_s = max(0.0, after.split.host.steal_s - before.split.host.steal_s)
         if before.core_busy_s is not None and after.core_busy_s is not None:
             recorder.server_core_busy_s = after.core_busy_s - before.core_busy_s
             recorder.idle_cpu_s = after.idle_s - before.idle_s

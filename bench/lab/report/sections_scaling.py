@@ -4,7 +4,7 @@ the ``WORKERS=2`` check, and a plan for the README's example target."""
 from __future__ import annotations
 
 from bench.lab.parts import check_of, parts_of
-from bench.lab.plan import EXAMPLE_TARGET, plan
+from bench.lab.plan import EXAMPLE_TARGET, RANGE_NOTE, plan
 from bench.lab.report.model import Block, Bullets, Heading, Para, Table
 from bench.lab.results import Results
 
@@ -84,10 +84,21 @@ def scaling_blocks(results: Results) -> list[Block]:
     )
     blocks.append(
         Table(
-            ["tier", "for the load", "with n+1", "decided by"],
-            [[x.name, str(x.for_load), x.total_text(), x.decided_by] for x in found.tiers]
-            + [[reason, "", "", ""] for reason in found.not_planned],
+            ["tier", "for the load", "with n+1", "range with n+1", "widened most by", "decided by"],
+            [
+                [
+                    x.name,
+                    str(x.for_load),
+                    x.total_text(),
+                    x.range.text() if x.range else "",
+                    x.range.widest.text() if x.range and x.range.widest else "no part",
+                    x.decided_by,
+                ]
+                for x in found.tiers
+            ]
+            + [[reason, "", "", "", "", ""] for reason in found.not_planned],
         )
     )
+    blocks.append(Para(RANGE_NOTE))
     blocks.append(Bullets(list(found.assumptions)))
     return blocks
