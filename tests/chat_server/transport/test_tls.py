@@ -250,3 +250,24 @@ def test_a_good_pair_and_ca_file_pass_the_check(tmp_path: Path, keys: KeyPair, c
     }
     result = _run({"JWT_PUBLIC_KEY": str(keys.public_path), **tls}, tmp_path, "--check")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_post_over_tls_is_answered_405_and_closed(tls_server: ServerProcess, ca: ThrowawayCA):
+    """The method gate's answer goes out whole over TLS, which has no half-close."""
+
+    async def post() -> bytes:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", tls_server.port, ssl=client_context(str(ca.ca_file))
+        )
+        try:
+            writer.write(b"POST /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\nhi")
+            await writer.drain()
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S + SLACK_S):
+                return await reader.read()  # to the end: the server closes
+        finally:
+            writer.close()
+
+    answer = asyncio.run(post())
+    assert answer.startswith(b"HTTP/1.1 405"), answer
+    assert b"allow: get" in answer.lower(), answer
+    assert "Traceback" not in tls_server.log()  # no error on the way (TLS has no write_eof)
