@@ -15,12 +15,15 @@ import asyncio
 import logging
 import resource
 import signal
+import ssl
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -37,6 +40,7 @@ from auth_service.users_postgres import PostgresUsers
 from chatlab.log_redaction import redact_tokens_in_logs
 from chatlab.loops import loop_factory
 from chatlab.settings import add_env_file_option, warn_misspelt_environment
+from chatlab.tls import MINIMUM_VERSION, client_context
 
 log = logging.getLogger("auth_service")
 
@@ -155,11 +159,13 @@ async def serve(settings: Settings) -> int:
             guard,
             settings.idle_timeout_s,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            **tls_options(settings),
         )
         server = uvicorn.Server(config)
         stop.attach(server)
         log.info(
-            "auth_service on http://%s:%d %s kid=%s",
+            "auth_service on %s://%s:%d %s kid=%s",
+            "https" if settings.tls_cert_file else "http",
             settings.host,
             settings.port,
             settings.summary(),
@@ -184,7 +190,7 @@ def rotate(settings: Settings, revoke: bool = False) -> int:
         print(f"auth_service: {exc}", file=sys.stderr)
         return 2
     kept_s = settings.token_ttl_s + RETIRED_KEY_LEEWAY_S
-    jwks_url = f"http://{settings.host}:{settings.port}/.well-known/jwks.json"
+    jwks_url = f"{'https' if settings.tls_cert_file else 'http'}://{settings.host}:{settings.port}/.well-known/jwks.json"
     kept = (
         "is revoked: it left the JWK set now"
         if revoke
@@ -289,6 +295,35 @@ async def _migrate_users(settings: Settings) -> int:
     return 0
 
 
+def tls_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for HTTPS with ``TLS_CERT_FILE``/``TLS_KEY_FILE`` (none without):
+    its own context from the pair, TLS 1.2 the oldest version spoken."""
+    if not settings.tls_cert_file:
+        return {}
+
+    def at_least_tls12(
+        config: uvicorn.Config, default: Callable[[], ssl.SSLContext]
+    ) -> ssl.SSLContext:
+        context = default()
+        context.minimum_version = MINIMUM_VERSION
+        return context
+
+    return {
+        "ssl_certfile": settings.tls_cert_file,
+        "ssl_keyfile": settings.tls_key_file,
+        "ssl_context_factory": at_least_tls12,
+    }
+
+
+def _own_certificate(cert_file: str) -> ssl.SSLContext:
+    """A client context that trusts exactly the certificate the service serves (``wait``
+    reaches it on loopback, whose address a certificate seldom names)."""
+    context = client_context(cert_file)
+    context.check_hostname = False
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
+
+
 def wait(settings: Settings, timeout_s: float = WAIT_S) -> int:
     """``wait``: 0 once the service at ``AUTH_HOST:AUTH_PORT`` answers ``/healthz``, else 1.
 
@@ -299,10 +334,12 @@ def wait(settings: Settings, timeout_s: float = WAIT_S) -> int:
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.host, settings.host)
     if ":" in host:
         host = f"[{host}]"
-    url = f"http://{host}:{settings.port}/healthz"
+    scheme = "https" if settings.tls_cert_file else "http"
+    url = f"{scheme}://{host}:{settings.port}/healthz"
+    context = _own_certificate(settings.tls_cert_file) if settings.tls_cert_file else None
     deadline = time.monotonic() + timeout_s
     while True:
-        with suppress(OSError), urllib.request.urlopen(url, timeout=1):
+        with suppress(OSError), urllib.request.urlopen(url, timeout=1, context=context):
             print(f"auth service answering on {url}")
             return 0
         if time.monotonic() > deadline:

@@ -30,6 +30,7 @@ from chatlab.settings import (
     specs_help,
     text,
 )
+from chatlab.tls import TLS_SERVER_SPECS, server_context
 
 __all__ = ["SPECS", "SettingError", "Settings", "settings_help"]
 
@@ -94,6 +95,7 @@ SPECS: tuple[Spec, ...] = (
         integer(1, 65535),
         "port of the HTTP API (and of GET /metrics, Prometheus)",
     ),
+    *TLS_SERVER_SPECS,
     Spec(
         "AUTH_DB",
         "auth_db",
@@ -317,6 +319,8 @@ class Settings(SpecSettings):
 
     host: str
     port: int
+    tls_cert_file: str
+    tls_key_file: str
     auth_db: str
     auth_db_url: str
     auth_db_pool_max: int
@@ -351,6 +355,8 @@ class Settings(SpecSettings):
     log_level: str
 
     def _check_combinations(self) -> None:
+        if self.tls_cert_file or self.tls_key_file:
+            server_context(self.tls_cert_file, self.tls_key_file)
         # argon2 needs at least 8 KiB per lane
         if self.argon2_memory_cost_kib < 8 * self.argon2_parallelism:
             raise SettingError(

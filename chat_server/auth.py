@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import re
+import ssl
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -41,6 +42,7 @@ from chat_server.errors import ChatError
 from chat_server.settings import SettingError, Settings
 from chatlab.keys import key_id
 from chatlab.supervision import RESTART, supervisor
+from chatlab.tls import client_context
 
 _KEY_TYPES = {
     "EdDSA": (ed25519.Ed25519PublicKey, ed448.Ed448PublicKey),
@@ -166,6 +168,7 @@ def load_verifier(settings: Settings) -> TokenVerifier:
             settings.jwt_algorithm,
             settings.jwks_refresh_s,
             max_age_s=settings.jwks_stale_after_s(),
+            ssl_context=client_context(settings.tls_ca_file),
         )
         try:
             jwks.fetch()
@@ -246,8 +249,11 @@ class JwksKeys:
         *,
         max_age_s: float = float("inf"),
         min_retry_s: float = 0.5,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.urls = urls
+        #: verifies an https:// set's certificate (TLS_CA_FILE); None: the system's CAs
+        self.ssl_context = ssl_context
         self.algorithm = algorithm
         self.refresh_s = refresh_s
         self.min_refresh_s = min_refresh_s
@@ -282,7 +288,7 @@ class JwksKeys:
         self._last_fetch = time.monotonic()
 
     def _fetch_one(self, url: str, timeout_s: float) -> dict[str, object]:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=self.ssl_context) as response:
             document = json.loads(response.read())
         if not isinstance(document, dict):
             raise ValueError(f"not a JWK set: a JSON {type(document).__name__}")

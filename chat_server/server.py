@@ -241,7 +241,8 @@ class Server:
         settings = self.settings
         backend = f" ({protobuf_backend()} backend)" if settings.serializer == "protobuf" else ""
         log.info(
-            "chat_server listening on ws://%s:%d/ws %s%s",
+            "chat_server listening on %s://%s:%d/ws %s%s",
+            "wss" if settings.tls_cert_file else "ws",
             settings.host,
             port,
             settings.summary(),

@@ -34,10 +34,12 @@ from chatlab.settings import (
     integer,
     number,
     on_off,
+    optional_text,
     parse_core_list,
     specs_help,
     text,
 )
+from chatlab.tls import TLS_SERVER_SPECS, check_ca_file, server_context
 
 __all__ = ["REGRESSIONS", "SPECS", "TRANSPORTS", "SettingError", "Settings", "settings_help"]
 
@@ -139,6 +141,14 @@ SPECS: tuple[Spec, ...] = (
         "8000",
         integer(1, 65535),
         "port of the websocket path /ws and /healthz",
+    ),
+    *TLS_SERVER_SPECS,
+    Spec(
+        "TLS_CA_FILE",
+        "tls_ca_file",
+        "",
+        optional_text,
+        "PEM CA certificates that verify an https:// JWT_JWKS_URL (empty: the system's CAs)",
     ),
     Spec(
         "SERIALIZER",
@@ -580,6 +590,9 @@ class Settings(SpecSettings):
 
     host: str
     port: int
+    tls_cert_file: str
+    tls_key_file: str
+    tls_ca_file: str
     serializer: str
     event_loop: str
     ws_deflate: str
@@ -649,6 +662,9 @@ class Settings(SpecSettings):
         return 3 * self.jwks_refresh_s if self.jwks_max_age_s is None else self.jwks_max_age_s
 
     def _check_combinations(self) -> None:
+        if self.tls_cert_file or self.tls_key_file:
+            server_context(self.tls_cert_file, self.tls_key_file)
+        check_ca_file("TLS_CA_FILE", self.tls_ca_file)
         if self.jwks_max_age_s is not None and self.jwks_max_age_s < 2 * self.jwks_refresh_s:
             raise SettingError(
                 "JWKS_MAX_AGE_S",

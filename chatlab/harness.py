@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from chatlab.keys import key_id
+from chatlab.tls import client_context
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUER = "chatlab-auth"
@@ -93,7 +95,8 @@ class ServiceProcess:
 
     Subclasses set ``module``, ``env``, ``port`` and ``log_path``; :meth:`start`
     waits for its ``/healthz`` (or whatever :meth:`ready` checks); every stop is
-    bounded in time.
+    bounded in time. With ``TLS_CERT_FILE`` in its settings it is spoken to over
+    https (and wss), verified against ``ca_file``.
     """
 
     module = ""
@@ -102,6 +105,22 @@ class ServiceProcess:
     port: int
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: the CA file that verifies the service's certificate (with TLS_CERT_FILE set)
+    ca_file: str = ""
+
+    @property
+    def tls(self) -> bool:
+        """True when the service serves TLS (``TLS_CERT_FILE`` set)."""
+        return bool(self.env.get("TLS_CERT_FILE"))
+
+    @property
+    def client_ssl(self) -> ssl.SSLContext | None:
+        """The context a client verifies the service with (None without TLS)."""
+        return client_context(self.ca_file) if self.tls else None
+
+    def http_url(self, path: str = "") -> str:
+        """``http(s)://127.0.0.1:PORT`` and ``path``."""
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}{path}"
 
     def command(self) -> list[str]:
         """The command line that starts the service."""
@@ -110,7 +129,7 @@ class ServiceProcess:
     def ready(self) -> bool:
         """True once the service answers (``GET /healthz`` on its port)."""
         with suppress(OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1)
+            urllib.request.urlopen(self.http_url("/healthz"), timeout=1, context=self.client_ssl)
             return True
         return False
 
@@ -171,12 +190,15 @@ class ServerProcess(ServiceProcess):
 
     module = "chat_server"
 
-    def __init__(self, workdir: Path, keys: KeyPair, **settings: Any) -> None:
+    def __init__(
+        self, workdir: Path, keys: KeyPair, *, ca_file: str | Path = "", **settings: Any
+    ) -> None:
         self.workdir = workdir
+        self.ca_file = str(ca_file)
         self.port = free_port()
         self.settings = {k.upper(): str(v) for k, v in settings.items()}
         self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("CHAT_", "JWT_"))},
+            **{k: v for k, v in os.environ.items() if not k.startswith(("CHAT_", "JWT_", "TLS_"))},
             "CHAT_HOST": "127.0.0.1",
             "CHAT_PORT": str(self.port),
             "CHAT_DB": str(workdir / "chat.sqlite3"),
@@ -195,7 +217,7 @@ class ServerProcess(ServiceProcess):
     @property
     def url(self) -> str:
         """The websocket URL."""
-        return f"ws://127.0.0.1:{self.port}/ws"
+        return f"{'wss' if self.tls else 'ws'}://127.0.0.1:{self.port}/ws"
 
     def start(self, timeout_s: float = 20) -> ServerProcess:
         """Start and wait until /healthz answers."""
@@ -221,7 +243,9 @@ class ServerProcess(ServiceProcess):
 
     def stats(self) -> dict[str, Any]:
         """The server's /stats counters."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=5) as resp:
+        with urllib.request.urlopen(
+            self.http_url("/stats"), timeout=5, context=self.client_ssl
+        ) as resp:
             return json.loads(resp.read())
 
 
@@ -566,7 +590,7 @@ def _slot_owners(cluster_slots: str) -> str:
 
 #: argon2 parameters that keep real hashes to milliseconds (tests); real use keeps the defaults
 FAST_ARGON2 = {"ARGON2_TIME_COST": "1", "ARGON2_MEMORY_COST_KIB": "8192", "ARGON2_PARALLELISM": "1"}
-_AUTH_PREFIXES = ("AUTH_", "JWT_", "ARGON2_", "HASH_", "LOGIN_", "REGISTER_", "TOKEN_")
+_AUTH_PREFIXES = ("AUTH_", "JWT_", "ARGON2_", "HASH_", "LOGIN_", "REGISTER_", "TOKEN_", "TLS_")
 
 
 class HttpReply:
@@ -593,15 +617,17 @@ def http_request(
     body: bytes | None = None,
     headers: dict[str, str] | None = None,
     timeout_s: float = 30,
+    context: ssl.SSLContext | None = None,
 ) -> HttpReply:
-    """One HTTP request (``payload`` sent as JSON, or ``body`` as it is); any status returns."""
+    """One HTTP request (``payload`` sent as JSON, or ``body`` as it is); any status returns.
+    An https ``url`` is verified with ``context`` (None: the system's CAs)."""
     if payload is not None:
         body = json.dumps(payload).encode()
     request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     if body is not None and "Content-Type" not in request.headers:
         request.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:
             return HttpReply(
                 resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
             )
@@ -619,8 +645,9 @@ class AuthProcess(ServiceProcess):
 
     module = "auth_service"
 
-    def __init__(self, workdir: Path, **settings: Any) -> None:
+    def __init__(self, workdir: Path, *, ca_file: str | Path = "", **settings: Any) -> None:
         self.workdir = workdir
+        self.ca_file = str(ca_file)
         self.port = free_port()
         keys = workdir / "keys"
         self.private_path = keys / "jwt_private.pem"
@@ -644,7 +671,7 @@ class AuthProcess(ServiceProcess):
 
     def url(self, path: str = "") -> str:
         """The service's URL for ``path``."""
-        return f"http://127.0.0.1:{self.port}{path}"
+        return self.http_url(path)
 
     def start(self, timeout_s: float = 30) -> AuthProcess:
         """Start and wait until /healthz answers."""
@@ -665,11 +692,12 @@ class AuthProcess(ServiceProcess):
 
     def post(self, path: str, payload: Any = None, **kwargs: Any) -> HttpReply:
         """POST ``payload`` as JSON (or ``body=`` bytes) to ``path``."""
+        kwargs.setdefault("context", self.client_ssl)
         return http_request("POST", self.url(path), payload, **kwargs)
 
     def get(self, path: str) -> HttpReply:
         """GET ``path``."""
-        return http_request("GET", self.url(path))
+        return http_request("GET", self.url(path), context=self.client_ssl)
 
     def register(self, username: str, password: str) -> HttpReply:
         """POST /register."""

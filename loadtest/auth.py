@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from chatlab.tls import client_context
 from loadtest.client import LOGIN, REGISTER, RETRIED_STATUSES, AuthError
 
 #: where the next call starts in the list of replicas: shared by every client of this
@@ -45,6 +46,8 @@ class AuthClient:
     refusal that is given up on. An answer passed over (a 429 or 503 retried, a replica
     passed for the next) is no failure of the call: ``on_retry(name, status)`` counts it
     apart (``status`` 0: no answer), so a call that then succeeds leaves no failure behind.
+    An ``https://`` replica's certificate is verified against ``ca_file`` (PEM CA
+    certificates; empty: the system's CAs).
     """
 
     def __init__(
@@ -56,8 +59,11 @@ class AuthClient:
         max_wait_s: float = 10.0,
         on_request: Callable[[str, float, Exception | None], None] | None = None,
         on_retry: Callable[[str, int], None] | None = None,
+        ca_file: str = "",
     ) -> None:
         self.urls = auth_urls(base_urls)
+        #: verifies an https:// replica's certificate: against ``ca_file``, or the system's CAs
+        self.ssl_context = client_context(ca_file)
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.max_wait_s = max_wait_s
@@ -152,7 +158,9 @@ class AuthClient:
         )
         retry_after: str | None = None
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(
+                request, timeout=self.timeout_s, context=self.ssl_context
+            ) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()

@@ -40,6 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"auth service, or its replicas comma-separated [{DEFAULT_AUTH_URL}]",
     )
     parser.add_argument(
+        "--ca-file",
+        default="",
+        help="PEM CA certificates that verify an https:// --auth-url [the system's CAs]",
+    )
+    parser.add_argument(
         "--user-prefix", default="load", help="user name prefix, as in the load test [load]"
     )
     parser.add_argument(
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     """Seed the users; print one summary line; return the exit status."""
     args = parse_args(argv)
     names = [username(args.user_prefix, i) for i in range(args.users)]
-    auth = AuthClient(args.auth_url)
+    auth = AuthClient(args.auth_url, ca_file=args.ca_file)
     started = time.monotonic()
     created, taken, tokens, failures = seed(auth, names, args.concurrency, bool(args.token_file))
     elapsed = time.monotonic() - started

@@ -9,7 +9,12 @@ only while :func:`~chat_server.limits.may_accept` says a descriptor stays free f
 the connection and its answer; the rest wait in the listen backlog, answered (101,
 or 503 past the admitted connections) as descriptors free up. Each accepted socket
 goes to the transport through ``loop.connect_accepted_socket``, public on both
-asyncio and uvloop.
+asyncio and uvloop; with ``TLS_CERT_FILE`` set it is given the server's
+``ssl.SSLContext`` there, so the loop's own SSL transport (asyncio's or uvloop's)
+carries the connection, and the TLS handshake is bounded by what is left of
+:data:`HANDSHAKE_TIMEOUT_S` (a client that never finishes it, or speaks plain text
+to the TLS port, is dropped). A socket in its handshake is counted like any other
+accepted one (it holds its descriptor from ``accept()`` on).
 
 :class:`MethodGate` is the first protocol of every connection: a ``GET`` goes on
 to the transport's own protocol (which then owns the socket, so the gate is off
@@ -26,6 +31,7 @@ import logging
 import os
 import resource
 import socket
+import ssl
 import time
 from collections.abc import Callable
 
@@ -90,9 +96,15 @@ class Acceptor:
     accepting costs one ``accept()`` and a task that sets the connection up.
     """
 
-    def __init__(self, sock: socket.socket, factory: ProtocolFactory) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: ProtocolFactory,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.sock = sock
         self._factory = factory
+        self._ssl = ssl_context
         self._fd = sock.fileno()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open_files = 0
@@ -170,8 +182,15 @@ class Acceptor:
     async def _set_up(self, conn: socket.socket) -> None:
         assert self._loop is not None
         try:
-            await self._loop.connect_accepted_socket(self._factory, conn)
-        except OSError as exc:  # the client left before its transport was made
+            if self._ssl is None:
+                await self._loop.connect_accepted_socket(self._factory, conn)
+            else:
+                await self._loop.connect_accepted_socket(
+                    self._factory, conn, ssl=self._ssl, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+                )
+        except OSError as exc:
+            # the client left before its transport was made, or its TLS handshake failed
+            # (ssl.SSLError) or did not finish in time (TimeoutError): both are OSError
             log.debug("accepted connection lost at set-up: %s", exc)
             conn.close()
 
@@ -209,10 +228,19 @@ class MethodGate(asyncio.Protocol):
     ``refuse(method, target)``'s answer (405). After it the write side is shut and
     what the client still sends (a body) is read and dropped until it closes or
     :data:`HANDSHAKE_TIMEOUT_S` passes, so the answer is not lost to a TCP reset. A
-    client that sends nothing within :data:`HANDSHAKE_TIMEOUT_S` is dropped.
+    client that sends nothing within :data:`HANDSHAKE_TIMEOUT_S` of its accept (a TLS
+    handshake included: the gate is made at the accept, before it) is dropped.
     """
 
-    __slots__ = ("_head", "_make_protocol", "_refuse", "_refused", "_timer", "_transport")
+    __slots__ = (
+        "_deadline",
+        "_head",
+        "_make_protocol",
+        "_refuse",
+        "_refused",
+        "_timer",
+        "_transport",
+    )
 
     def __init__(self, make_protocol: ProtocolFactory, refuse: Callable[[str, str], bytes]) -> None:
         self._make_protocol = make_protocol
@@ -221,10 +249,11 @@ class MethodGate(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._refused = False
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = asyncio.get_running_loop().time() + HANDSHAKE_TIMEOUT_S
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, transport.abort)  # type: ignore[attr-defined]
+        self._timer = asyncio.get_running_loop().call_at(self._deadline, transport.abort)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -244,7 +273,8 @@ class MethodGate(asyncio.Protocol):
         self._refused = True
         self._head = b""
         transport.write(self._refuse(line[0], line[1] if len(line) > 1 else "/"))
-        transport.write_eof()
+        if not shut_write(transport):
+            return
         self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, transport.close)
 
@@ -257,6 +287,16 @@ class MethodGate(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._transport = None
+
+
+def shut_write(transport: asyncio.WriteTransport) -> bool:
+    """Shut the write side after what is buffered (True); a TLS transport, which has no
+    half-close, is closed instead, after what is buffered (False)."""
+    if transport.can_write_eof():
+        transport.write_eof()
+        return True
+    transport.close()
+    return False
 
 
 def hand_over(transport: asyncio.Transport, protocol: asyncio.BaseProtocol, head: bytes) -> None:

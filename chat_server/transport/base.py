@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -41,6 +42,7 @@ from chat_server.settings import Settings
 from chat_server.transport.accept import Acceptor, MethodGate, listening_socket
 from chat_server.transport.deflate import SharedCompressor, deflated_frame
 from chat_server.web import WebSite
+from chatlab.tls import server_context
 
 if TYPE_CHECKING:
     from chat_server.service import ChatService
@@ -106,6 +108,12 @@ class ServerTransport(ABC):
         #: the loop it serves on (set by :meth:`start`); connections' timers run on it
         self.loop: asyncio.AbstractEventLoop
         self._listen_socket = listen_socket
+        #: the server's TLS context with TLS_CERT_FILE set (wss://, https://), else None
+        self.ssl_context: ssl.SSLContext | None = (
+            server_context(settings.tls_cert_file, settings.tls_key_file)
+            if settings.tls_cert_file
+            else None
+        )
         self._acceptor: Acceptor | None = None
 
     @abstractmethod
@@ -118,7 +126,7 @@ class ServerTransport(ABC):
         sock = self._listen_socket
         if sock is None:
             sock = listening_socket(self.settings.host, self.settings.port)
-        self._acceptor = Acceptor(sock, self._gate)
+        self._acceptor = Acceptor(sock, self._gate, self.ssl_context)
         self._acceptor.start()
 
     def _gate(self) -> MethodGate:

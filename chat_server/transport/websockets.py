@@ -41,7 +41,7 @@ from websockets.typing import ExtensionName, ExtensionParameter
 
 from chat_server.regressions import Regression
 from chat_server.settings import Settings
-from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
+from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S, shut_write
 from chat_server.transport.base import Admitted, Reply, ServerTransport
 from chat_server.transport.deflate import (
     EXTENSION_NAME,
@@ -179,7 +179,7 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
             if data:
                 tcp.write(data)
             else:
-                tcp.write_eof()
+                shut_write(tcp)
 
     def _handshake(self, request: Request) -> None:
         """Answer the upgrade request with Admission's decision (101 when admitted)."""

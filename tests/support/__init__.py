@@ -187,6 +187,8 @@ class Client:
         """Open a connection with the token in the Authorization header."""
         serializer = serializer or server.serializer
         kwargs.setdefault("compression", None)
+        if server.tls:
+            kwargs.setdefault("ssl", server.client_ssl)
         conn = await connect(
             server.url,
             additional_headers={"Authorization": f"Bearer {token}"},
