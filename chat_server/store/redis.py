@@ -474,7 +474,9 @@ class RedisHistoryStore(LedgerStore):
         return unsettled
 
     def _note_replicas(self, node: str, replicas: int) -> None:
-        """A commit ran on ``node`` and ``WAIT`` counted ``replicas``: healthy, or short."""
+        """At least one commit script ran on ``node`` (answered, not an error) and ``WAIT``
+        counted ``replicas``: healthy, or short. Called only then: a pipeline where no
+        script ran says nothing of the node's replicas."""
         short = replicas < self._ack_replicas
         before, after = self._health.event(node, NodeEvent.SHORT if short else NodeEvent.HEALTHY)
         if after is before:
@@ -646,7 +648,8 @@ class RedisHistoryStore(LedgerStore):
         return stream_messages(room, pairs)
 
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
-        """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
+        """Up to ``limit`` stored messages with ``seq > after_seq``, ascending: not bounded
+        by the room's durable seq (the replay bounds them by what this process delivered)."""
         if limit <= 0:
             return []
         start = "-" if after_seq < 0 else str(after_seq + 1)
