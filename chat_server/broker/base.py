@@ -27,9 +27,6 @@ class BrokerListener(Protocol):
     def jumped(self, room: str, last_seq: int) -> None:
         """The room's ``last_seq`` moved without a delivery (history trimmed meanwhile)."""
 
-    def closed(self, room: str) -> None:
-        """The core closed the room (:meth:`Broker.unsubscribe`): nothing more is heard of it."""
-
     def announce(self, room: str, user: str, present: bool) -> None:
         """The room's shared member set gained (True) or lost ``user``."""
 
