@@ -15,8 +15,10 @@ Each room has these keys (the ``{room}`` hash tag keeps them in one slot):
     above it is published, read back into a feed's gap or returned by ``history``.
     Missing in a room written before it existed: the ``seq`` key stands in;
 ``chat:{room}:commit:<writer>``
-    the last batch this process committed to the room (``"<batch> <first seq>"``,
-    expiring after a day): it makes each batch run at most once (see Outages);
+    the last batch this process committed to the room (``"<batch> <answer>"``, the
+    answer being the commit script's, ``<first seq>[ <index>:<seq>...]`` with the
+    repeated sends' seqs; expiring after a day): it makes each batch run at most once
+    (see Outages);
 ``chat:{room}:sent:<body digest> <user> <ref>``
     a send with a ``ref``: its ``seq``, expiring after ``SEND_REF_WINDOW_S``, one key
     per ref *and body*. The commit script answers a send with the same user, room,

@@ -132,7 +132,9 @@ class ChatService:
 
     def disconnect(self, session: Session) -> None:
         """Forget a connection that closed, for whatever reason."""
-        self.core.close_session(session)
+        closed = self.core.close_session(session)
+        if closed:
+            self.delivery.rooms_closed(closed)
         self._paced.pop(session, None)
         self.delivery.forget(session)
         for room in list(session.rooms):
@@ -290,7 +292,8 @@ class ChatService:
                         self.dispatch(session, frame)
 
     def _leave(self, session: Session, message: Leave) -> None:
-        self.core.leave(session, message)
+        if self.core.leave(session, message):
+            self.delivery.rooms_closed([message.room])
         self._cancel_replay(session, message.room)
 
     def _history(self, session: Session, message: HistoryRequest) -> None:

@@ -676,7 +676,7 @@ class Settings(SpecSettings):
             raise SettingError(
                 "REGRESSION",
                 self.regression,
-                "deflate_max_window needs TRANSPORT=websockets (picows has no permessage-deflate)",
+                "deflate_max_window needs TRANSPORT=websockets (on picows only WS_DEFLATE=shared)",
             )
         if self.transport == "picows" and self.ws_deflate == "on":
             raise SettingError(

@@ -6,8 +6,9 @@ process); ``redis`` is Redis Streams history, the Redis broker on one shared cli
 and shared delivery (many processes or machines), on one Redis or, with
 ``REDIS_CLUSTER=on``, a Redis Cluster. The core gets the seams of the
 chosen broker; REGRESSION's changes come from
-:class:`~chat_server.regressions.Regression`. This is the one place that asks which
-was chosen: the service holds objects that keep one contract each.
+:class:`~chat_server.regressions.Regression`. Which backend was chosen is asked here
+to build it, and once more only by the server, to name the setting at fault when the
+start fails: the service holds objects that keep one contract each.
 """
 
 from __future__ import annotations

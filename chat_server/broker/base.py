@@ -2,7 +2,8 @@
 
 Both backends keep it. :class:`~chat_server.broker.memory.MemoryBroker` (one process)
 has no other process to reach: every room is ready at once and a committed message
-is delivered by the service itself. :class:`~chat_server.broker.redis.RedisBroker`
+is delivered by :class:`~chat_server.delivery.local.LocalDelivery` when the store
+reports its batch. :class:`~chat_server.broker.redis.RedisBroker`
 carries each message, the store's commit script having published it, to every
 process subscribed to the room, and reports it to the listener given to
 :meth:`Broker.report_to`, in ``seq`` order per room.
@@ -25,9 +26,6 @@ class BrokerListener(Protocol):
 
     def jumped(self, room: str, last_seq: int) -> None:
         """The room's ``last_seq`` moved without a delivery (history trimmed meanwhile)."""
-
-    def closed(self, room: str) -> None:
-        """The core closed the room (:meth:`Broker.unsubscribe`): nothing more is heard of it."""
 
     def announce(self, room: str, user: str, present: bool) -> None:
         """The room's shared member set gained (True) or lost ``user``."""
@@ -63,11 +61,13 @@ class Broker(ABC):
 
     @abstractmethod
     def subscribe(self, room: str) -> None:
-        """Receive the room's messages in this process (called when its first member joins)."""
+        """The core opened ``room`` (its first member joined, after :meth:`prepare`
+        subscribed to it): keep it while it has members."""
 
     @abstractmethod
     def unsubscribe(self, room: str) -> None:
-        """Stop receiving the room's messages (called when its last member leaves)."""
+        """The core closed ``room`` (its last member left): stop receiving its messages
+        unless a join is preparing it again."""
 
     @abstractmethod
     def members(self, room: str) -> Collection[str]:

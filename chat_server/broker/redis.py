@@ -51,6 +51,7 @@ from redis.exceptions import RedisError
 from chat_server.broker.base import Broker, BrokerListener
 from chat_server.broker.feed import RoomFeed
 from chat_server.broker.presence import presence_call, renew_call, snapshot_call
+from chat_server.broker.room_life import RoomEvent, RoomState, Then, room_step
 from chat_server.broker.shards import ShardedSubscriptions
 from chat_server.errors import BrokerUnavailable
 from chat_server.messages import Message
@@ -80,32 +81,28 @@ FILL_ANSWER_S: Final = 2.0
 
 
 class _Room:
-    """A room this process subscribes to: its feed and the I/O state around it."""
+    """A room this process subscribes to: its feed, its lifecycle state
+    (:mod:`~chat_server.broker.room_life`), and who holds it."""
 
-    __slots__ = (
-        "feed",
-        "fill_delay_s",
-        "filling",
-        "in_use",
-        "ready",
-        "snapshotting",
-        "stale",
-        "waiters",
-    )
+    __slots__ = ("feed", "fill_delay_s", "filling", "in_use", "ready", "state", "waiters")
 
     def __init__(self, feed: RoomFeed, ready: asyncio.Future[None]) -> None:
         self.feed = feed
         self.ready = ready
+        self.state = RoomState.SUBSCRIBING
         #: joins waiting in prepare()
         self.waiters = 0
         #: the core holds members here (between subscribe and unsubscribe)
         self.in_use = False
+        #: a gap is being read (beside whatever the state is)
         self.filling = False
         #: the wait before reading a gap again after a read failed (0: none failed)
         self.fill_delay_s = 0.0
-        self.snapshotting = False
-        #: the subscription came back while a snapshot was being read: read another after it
-        self.stale = False
+
+    def step(self, event: RoomEvent) -> Then:
+        """Apply ``event`` to the room's state; what the broker does next."""
+        self.state, then = room_step(self.state, event)
+        return then
 
 
 class RedisBroker(Broker):
@@ -114,7 +111,7 @@ class RedisBroker(Broker):
     Reports to the :class:`~chat_server.broker.base.BrokerListener` given to
     :meth:`report_to`: ``delivered`` gets each message of a subscribed room once, in
     ``seq`` order; ``jumped`` hears when a room's ``last_seq`` moved without a delivery
-    (trimmed history); ``closed`` hears each room the core closed; ``announce`` hears
+    (trimmed history); ``announce`` hears
     each change of a room's shared member set; ``local_users`` and ``local_rooms`` are
     the truth presence writes converge to.
     """
@@ -242,7 +239,6 @@ class RedisBroker(Broker):
         if entry is not None:
             entry.in_use = False
             self.release(room)
-        self._listening().closed(room)
 
     def release(self, room: str) -> None:
         """Drop ``room``'s subscription if no member and no waiting join needs it."""
@@ -250,6 +246,7 @@ class RedisBroker(Broker):
         if entry is None or entry.in_use or entry.waiters:
             return
         del self._rooms[room]
+        entry.step(RoomEvent.RELEASED)
         _fail(entry.ready, BrokerUnavailable(f"room {room} released"))
         self._subscriptions.unsubscribe(room)
 
@@ -290,11 +287,13 @@ class RedisBroker(Broker):
         room = entry.feed.room
         try:
             await self._subscriptions.subscribe(room)
+            entry.step(RoomEvent.SUBSCRIBED)
             await self._snapshot(entry)
         except (RedisError, OSError, BrokerUnavailable, asyncio.CancelledError) as exc:
             _fail(entry.ready, BrokerUnavailable(f"cannot set up room {room}: {exc!r}"))
             if self._rooms.get(room) is entry and not entry.in_use:
                 del self._rooms[room]
+                entry.step(RoomEvent.RELEASED)
                 self._subscriptions.unsubscribe(room)
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -303,20 +302,17 @@ class RedisBroker(Broker):
             entry.ready.set_result(None)
 
     async def _snapshot(self, entry: _Room) -> None:
-        """Read the room's seq, presence version and members atomically; apply them."""
+        """Read the room's seq, presence version and members atomically; apply them (the
+        room is in SNAPSHOT; a failed read raises, leaving the state to the caller)."""
         room = entry.feed.room
-        entry.snapshotting = True
-        entry.stale = False
+        entry.step(RoomEvent.SNAPSHOT_ASKED)
         # messages and presence heard while the reply is on its way may be newer than it
         asked_at = entry.feed.position()
-        try:
-            (reply,) = await self._run_per_node(
-                [room], [snapshot_call(room, self._worker, self._lease_ms)]
-            )
-            if isinstance(reply, Exception):
-                raise reply
-        finally:
-            entry.snapshotting = False
+        (reply,) = await self._run_per_node(
+            [room], [snapshot_call(room, self._worker, self._lease_ms)]
+        )
+        if isinstance(reply, Exception):
+            raise reply
         if self._rooms.get(room) is not entry:
             return
         durable, version, flat, mine, stored = reply
@@ -325,21 +321,21 @@ class RedisBroker(Broker):
         entry.feed.snapshot(
             int(durable), int(version), counts, mine_users, int(stored), asked_at=asked_at
         )
+        then = entry.step(RoomEvent.SNAPSHOT_TAKEN)
         self._after_feed(entry)
-        if entry.stale:
-            self._resubscribed(room)
+        self._then(entry, then)
+
+    def _then(self, entry: _Room, then: Then) -> None:
+        """Do what the room's lifecycle returned."""
+        if then is Then.READ_SNAPSHOT:
+            self._spawn(self._resnapshot(entry), "chat-broker-snapshot", entry.feed.room)
 
     def _resubscribed(self, room: str) -> None:
         """The room's subscription holds again after it was lost: take a new snapshot (it
-        opens the gap of what was missed)."""
+        opens the gap of what was missed), now or after the one being read."""
         entry = self._rooms.get(room)
-        if entry is None:
-            return
-        if entry.snapshotting:
-            entry.stale = True
-        elif entry.feed.synced:
-            entry.snapshotting = True
-            self._spawn(self._resnapshot(entry), "chat-broker-snapshot", room)
+        if entry is not None:
+            self._then(entry, entry.step(RoomEvent.RESUBSCRIBED))
 
     def _reconnected(self) -> None:
         """A subscription connection came back: its node may have lost presence writes."""
@@ -353,11 +349,11 @@ class RedisBroker(Broker):
         if feed.gap is not None and not entry.filling and live:
             entry.filling = True
             self._spawn(self._fill(entry), "chat-broker-fill", feed.room)
-        if feed.needs_snapshot and not entry.snapshotting and live:
-            entry.snapshotting = True
-            self._spawn(self._resnapshot(entry), "chat-broker-snapshot", feed.room)
+        if feed.needs_snapshot and live:
+            self._then(entry, entry.step(RoomEvent.VERSION_SKIPPED))
 
     async def _resnapshot(self, entry: _Room) -> None:
+        """Read a snapshot of a room in SNAPSHOT, with backoff, while the room is held."""
         delay = BACKOFF_MIN_S
         while self._rooms.get(entry.feed.room) is entry:
             try:
@@ -365,10 +361,8 @@ class RedisBroker(Broker):
                 return
             except (RedisError, OSError, BrokerUnavailable) as exc:
                 log.info("broker: snapshot of %s failed (%s); retrying", entry.feed.room, exc)
-            entry.snapshotting = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
-        entry.snapshotting = False
 
     async def _fill(self, entry: _Room) -> None:
         """Read the feed's gap from the room's stream and deliver it, page by page; after a

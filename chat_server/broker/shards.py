@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import random
 from collections import Counter
@@ -55,21 +56,79 @@ from chatlab.supervision import RESTART, supervisor
 log = logging.getLogger("chat_server.broker")
 
 
-class _Sub:
-    """One room's subscription: where it was asked for, and whether it holds."""
+class SubState(enum.Enum):
+    """Where one room's subscription stands on the node its link goes to."""
 
-    __slots__ = ("channel", "confirmed", "lost", "node", "requested", "waiters")
+    #: placed on a node's link, no SSUBSCRIBE on its current connection (yet, or any more)
+    WANTED = "wanted"
+    #: an SSUBSCRIBE went out on the link's current connection
+    REQUESTED = "requested"
+    #: the node confirmed it: the room's messages are heard
+    CONFIRMED = "confirmed"
+
+
+class SubEvent(enum.Enum):
+    """What happens to a subscription."""
+
+    #: an SSUBSCRIBE was sent on the link's current connection
+    SENT = "sent"
+    #: the node confirmed the SSUBSCRIBE
+    CONFIRMED = "confirmed"
+    #: it ended without being asked to: the connection failed, the slot moved, or the room
+    #: is placed on another node
+    DROPPED = "dropped"
+
+
+#: (state, event) -> the next state. Every pair is listed: a late confirmation counts, and
+#: a drop from any state leaves the subscription wanted again
+SUB_TRANSITIONS: dict[tuple[SubState, SubEvent], SubState] = {
+    (SubState.WANTED, SubEvent.SENT): SubState.REQUESTED,
+    (SubState.WANTED, SubEvent.CONFIRMED): SubState.CONFIRMED,
+    (SubState.WANTED, SubEvent.DROPPED): SubState.WANTED,
+    (SubState.REQUESTED, SubEvent.SENT): SubState.REQUESTED,
+    (SubState.REQUESTED, SubEvent.CONFIRMED): SubState.CONFIRMED,
+    (SubState.REQUESTED, SubEvent.DROPPED): SubState.WANTED,
+    (SubState.CONFIRMED, SubEvent.SENT): SubState.CONFIRMED,
+    (SubState.CONFIRMED, SubEvent.CONFIRMED): SubState.CONFIRMED,
+    (SubState.CONFIRMED, SubEvent.DROPPED): SubState.WANTED,
+}
+
+
+def sub_step(state: SubState, lost: bool, event: SubEvent) -> tuple[SubState, bool, bool]:
+    """One subscription event: the next state, whether what was published meanwhile must
+    be read back (``lost``: it held once and was dropped since), and whether the owner is
+    told the room holds again (it was lost and is confirmed now)."""
+    after = SUB_TRANSITIONS[state, event]
+    if event is SubEvent.DROPPED:
+        return after, lost or state is SubState.CONFIRMED, False
+    resubscribed = lost and state is not SubState.CONFIRMED and after is SubState.CONFIRMED
+    return after, lost and not resubscribed, resubscribed
+
+
+class _Sub:
+    """One room's subscription: where it was asked for, and where it stands there
+    (:data:`SUB_TRANSITIONS`)."""
+
+    __slots__ = ("channel", "lost", "node", "state", "waiters")
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
         #: the node whose link carries (or will carry) the SSUBSCRIBE
         self.node = ""
-        #: an SSUBSCRIBE went out on the node's current connection
-        self.requested = False
-        self.confirmed = False
+        self.state = SubState.WANTED
         #: confirmed once and lost since: what was published meanwhile must be read back
         self.lost = False
         self.waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def confirmed(self) -> bool:
+        """True while the node confirmed it (the room's messages are heard)."""
+        return self.state is SubState.CONFIRMED
+
+    def step(self, event: SubEvent) -> bool:
+        """Apply ``event``; True when the room holds again after it was lost."""
+        self.state, self.lost, resubscribed = sub_step(self.state, self.lost, event)
+        return resubscribed
 
 
 class _Link:
@@ -218,7 +277,7 @@ class ShardedSubscriptions:
                     continue
                 if node != sub.node:
                     self._move(room, sub, node)
-                elif not sub.requested:  # its node ended it, the slots say it is still there
+                elif sub.state is SubState.WANTED:  # its node ended it; the slots say it is here
                     link = self._links.get(node)
                     if link is not None and link.up and link.pubsub is not None:
                         self._send_subscribe(link.pubsub, sub)
@@ -230,15 +289,14 @@ class ShardedSubscriptions:
         old = self._links.get(sub.node)
         if old is not None:
             old.rooms.discard(room)
-            if old.up and old.pubsub is not None and sub.requested:
+            if old.up and old.pubsub is not None and sub.state is not SubState.WANTED:
                 self._send_unsubscribe(old, old.pubsub, sub.channel)
-        sub.lost = sub.lost or sub.confirmed
-        sub.confirmed = sub.requested = False
+        sub.step(SubEvent.DROPPED)
         self._place(room, sub, node)
 
     def _send_subscribe(self, pubsub: PubSub, sub: _Sub) -> None:
         # one channel per SSUBSCRIBE: a cluster refuses several slots in one
-        sub.requested = True
+        sub.step(SubEvent.SENT)
         self._background(pubsub.ssubscribe(sub.channel), f"SSUBSCRIBE {sub.channel}")
 
     def _send_unsubscribe(self, link: _Link, pubsub: PubSub, channel: str) -> None:
@@ -305,8 +363,7 @@ class ShardedSubscriptions:
                 for room in link.rooms:
                     sub = self._rooms.get(room)
                     if sub is not None:
-                        sub.lost = sub.lost or sub.confirmed
-                        sub.confirmed = sub.requested = False
+                        sub.step(SubEvent.DROPPED)
                         _fail_all(sub, BrokerUnavailable("Redis pub/sub connection lost"))
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
@@ -359,13 +416,12 @@ class ShardedSubscriptions:
         sub = self._rooms.get(room)
         if sub is None or sub.node != link.name or sub.confirmed:
             return
-        sub.confirmed = True
+        resubscribed = sub.step(SubEvent.CONFIRMED)
         waiters, sub.waiters = sub.waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        if sub.lost:
-            sub.lost = False
+        if resubscribed:
             self._on_resubscribed(room)
 
     def _dropped_by_node(self, link: _Link, room: str) -> None:
@@ -374,8 +430,7 @@ class ShardedSubscriptions:
         if sub is None or sub.node != link.name:
             return
         log.info("broker: %s ended the subscription of room %s (slot moved)", link.name, room)
-        sub.lost = sub.lost or sub.confirmed
-        sub.confirmed = sub.requested = False
+        sub.step(SubEvent.DROPPED)
         self.check()
 
 

@@ -161,12 +161,13 @@ class ChatCore:
         send(self.encode(Welcome(user=user, codec=self.codec.name)))
         return session
 
-    def close_session(self, session: Session) -> None:
-        """Forget a connection: leave every room (presence ``leave`` where it was the last)."""
+    def close_session(self, session: Session) -> list[str]:
+        """Forget a connection: leave every room (presence ``leave`` where it was the last);
+        the rooms that closed (their last local member left)."""
         session.closed = True
-        for room_name in list(session.rooms):
-            self._remove_member(session, room_name)
+        closed = [room for room in list(session.rooms) if self._remove_member(session, room)]
         self.sessions.discard(session)
+        return closed
 
     # ---- rate limit and errors -------------------------------------------------------
 
@@ -284,31 +285,35 @@ class ChatCore:
         room.live[session] = session.send
         return True
 
-    def leave(self, session: Session, message: Leave) -> None:
-        """Leave a room (no reply); ``not_in_room`` when not joined."""
+    def leave(self, session: Session, message: Leave) -> bool:
+        """Leave a room (no reply); ``not_in_room`` when not joined. True when the room
+        closed (its last local member left)."""
         check_room(message.room)
         if message.room not in session.rooms:
             raise ProtocolError(ErrorCode.NOT_IN_ROOM, f"not in room {message.room}")
-        self._remove_member(session, message.room)
+        return self._remove_member(session, message.room)
 
-    def _remove_member(self, session: Session, room_name: str) -> None:
+    def _remove_member(self, session: Session, room_name: str) -> bool:
+        """Take ``session`` out of the room; True when that closed the room."""
         session.rooms.discard(room_name)
         room = self.rooms.get(room_name)
         if room is None:
-            return
+            return False
         room.live.pop(session, None)
         room.replaying.discard(session)
         count = room.users.get(session.user, 0) - 1
         if count > 0:
             room.users[session.user] = count
-            return
+            return False
         room.users.pop(session.user, None)
-        if len(room) == 0:
+        closed = len(room) == 0
+        if closed:
             del self.rooms[room_name]
             self.room_closed(room_name)
         elif session.user not in self.remote_members(room_name):
             self._presence(room, session.user, "leave")
         self.presence_changed(room_name, session.user)
+        return closed
 
     def _members(self, room: Room) -> list[str]:
         """The room's view: the shared member set, then local users not in it, each once."""

@@ -51,6 +51,10 @@ class Delivery(ABC):
         """True when the frame is handled now; False when it waits behind a join.
         Raises :class:`~chat_server.errors.Unavailable` when too many wait."""
 
+    def rooms_closed(self, rooms: list[str]) -> None:  # noqa: B027 (nothing waits by default)
+        """The core closed ``rooms`` (their last local member left): settle what waited
+        for them."""
+
     def forget(self, session: Session) -> None:  # noqa: B027 (nothing held by default)
         """The session closed: drop what was kept for it."""
 

@@ -8,7 +8,9 @@ not hold yet waits for it to subscribe; the session's later frames wait behind t
 join, in order (:meth:`SharedDelivery.gate`).
 
 It is the broker's listener: the broker reports the messages it hears, the rooms
-whose ``last_seq`` jumped, presence, and the rooms the core closed.
+whose ``last_seq`` jumped, and presence. The rooms the core closed come from the
+service (:meth:`SharedDelivery.rooms_closed`), after the core returned them: nothing
+the core calls leads back into it.
 """
 
 from __future__ import annotations
@@ -95,6 +97,12 @@ class SharedDelivery(Delivery):
         held.append(payload)
         return False
 
+    def rooms_closed(self, rooms: list[str]) -> None:
+        """The core closed ``rooms`` (their last local member left; nothing more is heard
+        of them): ack what waited for their delivery."""
+        for room in rooms:
+            self.jumped(room, _EVERY_SEQ)
+
     def forget(self, session: Session) -> None:
         """The session closed: drop what it held."""
         self.held.pop(session, None)
@@ -134,10 +142,6 @@ class SharedDelivery(Delivery):
             ack(session, message)
         if not waiting:
             del self.pending_acks[room]
-
-    def closed(self, room: str) -> None:
-        """The core closed the room (its last local member left): ack what waited for it."""
-        self.jumped(room, _EVERY_SEQ)
 
     def announce(self, room: str, user: str, present: bool) -> None:
         """The room's shared member set changed: tell the local members."""

@@ -227,7 +227,9 @@ class HistoryStore(ABC):
 
     @abstractmethod
     def last_seq(self, room: str) -> int:
-        """The last committed ``seq`` of ``room`` (0 when it has none)."""
+        """The last ``seq`` this store committed to ``room`` (0 when none): the room's own
+        with one process; a shared store (Redis) knows only this process' commits, so a
+        shared room's is read from the broker (what this process delivered)."""
 
     @abstractmethod
     async def history(self, room: str, before: int | None, limit: int) -> list[Message]:
@@ -235,7 +237,9 @@ class HistoryStore(ABC):
 
     @abstractmethod
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
-        """Up to ``limit`` messages with ``seq > after_seq``, ascending (for replay)."""
+        """Up to ``limit`` stored messages with ``seq > after_seq``, ascending (for replay;
+        a shared store may return some not durable yet: the caller bounds them by what
+        it delivered)."""
 
     async def recent_sends(self, since_ms: int, limit: int) -> list[Message]:
         """The newest ``limit`` stored messages with a ``ref`` and ``ts >= since_ms``, oldest

@@ -88,17 +88,7 @@ from typing import Any, Final
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import (
-    AskError,
-    BusyLoadingError,
-    ClusterDownError,
-    MasterDownError,
-    MovedError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisError,
-    TryAgainError,
-)
+from redis.exceptions import RedisError
 
 from chat_server.errors import BrokerUnavailable, StoreError, StoreUnavailable
 from chat_server.messages import Message
@@ -115,18 +105,10 @@ from chat_server.redis_rooms import (
     BACKOFF_MIN_S,
     CLOSE_WAIT_S,
     CONNECTION_ERRORS,
-    Entry,
     RedisClient,
-    Script,
-    commit_key,
-    durable_key,
-    encode_entry,
-    legacy_send_ref_key,
     raise_if_cancelled,
     room_channel,
     run_scripts,
-    send_key,
-    seq_key,
     stream_key,
     stream_messages,
 )
@@ -134,11 +116,16 @@ from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, Stor
 from chat_server.store.redis_scripts import (
     ACK_WAIT_MS,
     COMMIT_SCRIPT,
-    HISTORY_SCRIPT,
+    ELSEWHERE_ERRORS,
     PUBLISH_SCRIPT,
-    body_digest,
+    CommitCalls,
+    Outcome,
+    commit_outcome,
+    history_call,
     parse_answer,
     pipeline,
+    publish_call,
+    publish_outcome,
 )
 from chat_server.tail import COMMIT_BUCKETS_S, PlainHistogram
 from chatlab.supervision import RESTART, STOP, supervisor
@@ -149,16 +136,6 @@ log = logging.getLogger("chat_server.store")
 
 #: how long a batch whose reply was lost waits for Redis to come back and settle it
 IN_DOUBT_WAIT_S: Final = 10.0
-#: replies saying Redis did not run a command but may later (answered ``unavailable``)
-TRANSIENT_ERRORS: Final = (
-    BusyLoadingError,
-    MasterDownError,
-    OutOfMemoryError,
-    ReadOnlyError,
-)
-#: replies saying the node did not run the script because another serves the slot now, or
-#: its keys are moving: the slots are read again and it is sent again (while in doubt)
-ELSEWHERE_ERRORS: Final = (AskError, ClusterDownError, MovedError, TryAgainError)
 #: how long a node's commit pipeline (its WAIT included) or publish may take before the
 #: node is taken for unreachable (a frozen node holds a connection open, answering nothing)
 COMMIT_ANSWER_S: Final = ACK_WAIT_MS / 1000 + 2.0
@@ -238,13 +215,15 @@ class RedisHistoryStore(LedgerStore):
         self._ack_replicas = ack_replicas
         self._in_doubt_wait_s = in_doubt_wait_s
         self._health = NodeHealth()
-        self._writer_name = writer
+        self._commit_calls = CommitCalls(
+            writer=writer,
+            history_max=history_max,
+            send_ref_window_s=send_ref_window_s,
+            ack_replicas=ack_replicas,
+        )
         self._ledger = BatchLedger(on_batch)
         self._queue_max = queue_max
         self._batch_max = batch_max
-        self._history_max = str(history_max)
-        self._send_ref_window = str(round(send_ref_window_s))
-        self._refs_on = round(send_ref_window_s) > 0
         self._started = False
         #: one lane per node ever written to
         self._lanes: dict[str, _Lane] = {}
@@ -457,42 +436,47 @@ class RedisHistoryStore(LedgerStore):
         if not node:  # no node serves the slot (a failover under way): ask again later
             return groups
         client = self._topology.client(node)
-        calls = [self._commit_call(room, items, token) for room, items in groups]
+        calls = self._commit_calls.call
         try:
             async with asyncio.timeout(COMMIT_ANSWER_S):
-                replies = await pipeline(client, calls, self._ack_replicas)
+                replies = await pipeline(
+                    client,
+                    [calls(room, [m for m, _, _ in items], token) for room, items in groups],
+                    self._ack_replicas,
+                )
         except (*CONNECTION_ERRORS, TimeoutError) as exc:
             self._node_failed(node, exc)
             return groups
-        replicas = replies.pop() if self._ack_replicas else 0
-        if isinstance(replicas, Exception):  # e.g. UNBLOCKED: the primary became a replica
-            log.warning("history store: WAIT on %s failed: %s", node, replicas)
-            replicas = 0
+        replicas = replies.replicas
+        if replies.wait_error is not None:
+            log.warning("history store: WAIT on %s failed: %s", node, replies.wait_error)
         durable: list[tuple[_Group, tuple[int, dict[int, int]]]] = []
         unsettled: list[_Group] = []
-        for group, reply in zip(groups, replies, strict=True):
-            room, items = group
-            if isinstance(reply, ELSEWHERE_ERRORS):
-                unsettled.append(group)  # not run there; the slots are read again
-            elif isinstance(reply, TRANSIENT_ERRORS) or str(reply).startswith("BUSY"):
-                # Redis refused before running it (loading, read-only, out of memory)
-                log.warning("history store: Redis refused a commit: %s", reply)
-                self._report(items, StoreUnavailable(f"history store unavailable: {reply}"))
-            elif isinstance(reply, Exception):
-                log.error("history store: commit to %s failed: %s", room, reply)
-                self._report(items, StoreError(f"history store failed: {reply}"))
-            elif replicas < self._ack_replicas:
-                unsettled.append(group)  # stored on the primary, not yet on its replicas
-            else:
+        ran = False
+        for group, reply in zip(groups, replies.scripts, strict=True):
+            outcome = commit_outcome(reply, replicas, self._ack_replicas)
+            if outcome is Outcome.SETTLED:
                 durable.append((group, parse_answer(reply)))
-        if any(not isinstance(reply, Exception) for reply in replies):
+                ran = True
+            elif outcome is Outcome.IN_DOUBT:
+                unsettled.append(group)
+                ran = ran or not isinstance(reply, Exception)
+            elif outcome is Outcome.REFUSED:
+                log.warning("history store: Redis refused a commit: %s", reply)
+                self._report(group[1], StoreUnavailable(f"history store unavailable: {reply}"))
+            else:
+                log.error("history store: commit to %s failed: %s", group[0], reply)
+                self._report(group[1], StoreError(f"history store failed: {reply}"))
+        if ran:
             self._note_replicas(node, replicas)
         if durable:
             unsettled.extend(await self._publish(node, client, durable))
         return unsettled
 
     def _note_replicas(self, node: str, replicas: int) -> None:
-        """A commit ran on ``node`` and ``WAIT`` counted ``replicas``: healthy, or short."""
+        """At least one commit script ran on ``node`` (answered, not an error) and ``WAIT``
+        counted ``replicas``: healthy, or short. Called only then: a pipeline where no
+        script ran says nothing of the node's replicas."""
         short = replicas < self._ack_replicas
         before, after = self._health.event(node, NodeEvent.SHORT if short else NodeEvent.HEALTHY)
         if after is before:
@@ -580,10 +564,13 @@ class RedisHistoryStore(LedgerStore):
         """Mark durable, publish (unless the commit script did) and report each group;
         return those whose publishing failed (they stay in doubt)."""
         if self._ack_replicas:
-            calls = [self._publish_call(room, items, answer) for (room, items), answer in durable]
+            calls = [
+                publish_call(room, [m for m, _, _ in items], answer)
+                for (room, items), answer in durable
+            ]
             try:
                 async with asyncio.timeout(COMMIT_ANSWER_S):
-                    replies = await pipeline(client, calls, 0)
+                    replies = (await pipeline(client, calls, 0)).scripts
             except (*CONNECTION_ERRORS, TimeoutError) as exc:
                 self._node_failed(node, exc)
                 return [group for group, _ in durable]
@@ -591,7 +578,7 @@ class RedisHistoryStore(LedgerStore):
             replies = [None] * len(durable)
         unsettled = []
         for (group, answer), reply in zip(durable, replies, strict=True):
-            if isinstance(reply, Exception):
+            if publish_outcome(reply) is Outcome.IN_DOUBT:
                 log.info("history store: publishing to %s failed (%s); retried", group[0], reply)
                 unsettled.append(group)
             else:
@@ -612,48 +599,6 @@ class RedisHistoryStore(LedgerStore):
         if fresh:
             self._last_seq[room] = max(self._last_seq.get(room, 0), first + fresh - 1)
         self._report(items, None)
-
-    def _publish_call(
-        self, room: str, items: list[_Item], answer: tuple[int, dict[int, int]]
-    ) -> tuple[Script, list[str], list[str | bytes]]:
-        """The :data:`PUBLISH_SCRIPT` call for a durable group."""
-        first, repeats = answer
-        fresh = [encode_entry(_entry(m)) for i, (m, _, _) in enumerate(items) if i not in repeats]
-        upto = max([first + len(fresh) - 1, *repeats.values()])
-        payload = b"M%d [%s]" % (first, b",".join(fresh)) if fresh else b""
-        return PUBLISH_SCRIPT, [durable_key(room)], [room_channel(room), str(upto), payload]
-
-    def _commit_call(
-        self, room: str, items: list[_Item], token: str
-    ) -> tuple[Script, list[str], list[str | bytes]]:
-        """The commit script's call for ``room``'s share of a batch."""
-        ref_keys = []
-        digests = []
-        for message, _, _ in items:
-            if self._refs_on and message.ref is not None:
-                digest = body_digest(message)
-                ref_keys.append(send_key(room, message.user, message.ref, digest))
-                ref_keys.append(legacy_send_ref_key(room, message.user, message.ref))
-                digests.append(digest)
-            else:
-                digests.append("")
-        keys = [
-            seq_key(room),
-            stream_key(room),
-            commit_key(room, self._writer_name),
-            durable_key(room),
-            *ref_keys,
-        ]
-        args = [
-            room_channel(room),
-            token,
-            self._history_max,
-            self._send_ref_window,
-            "0" if self._ack_replicas else "1",
-            *[encode_entry(_entry(message)) for message, _, _ in items],
-            *digests,
-        ]
-        return COMMIT_SCRIPT, keys, args
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -689,8 +634,7 @@ class RedisHistoryStore(LedgerStore):
         """The latest ``limit`` messages with ``seq < before`` (no bound when None), ascending."""
         if limit <= 0 or (before is not None and before <= 1):
             return []
-        end = "+" if before is None else str(before - 1)
-        call = (HISTORY_SCRIPT, [stream_key(room), durable_key(room), seq_key(room)], [end, limit])
+        call = history_call(room, before, limit)
 
         async def read(client: Redis) -> Any:
             (entries,) = await run_scripts(client, [call])
@@ -704,7 +648,8 @@ class RedisHistoryStore(LedgerStore):
         return stream_messages(room, pairs)
 
     async def after(self, room: str, after_seq: int, limit: int) -> list[Message]:
-        """Up to ``limit`` committed messages with ``seq > after_seq``, ascending."""
+        """Up to ``limit`` stored messages with ``seq > after_seq``, ascending: not bounded
+        by the room's durable seq (the replay bounds them by what this process delivered)."""
         if limit <= 0:
             return []
         start = "-" if after_seq < 0 else str(after_seq + 1)
@@ -712,7 +657,3 @@ class RedisHistoryStore(LedgerStore):
             room, lambda client: client.xrange(stream_key(room), start, "+", count=limit)
         )
         return stream_messages(room, entries)
-
-
-def _entry(message: Message) -> Entry:
-    return Entry(message.user, message.body, message.ts, message.ref)

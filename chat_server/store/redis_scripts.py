@@ -1,29 +1,74 @@
-"""The history store's Lua scripts, and the pipeline that runs them with ``WAIT`` behind.
+"""The history store's Lua scripts, their calls, what their replies mean, and the pipeline
+that runs them with ``WAIT`` behind.
 
-What each script does and why is told in :mod:`chat_server.store.redis` (the store that
-sends them) and :mod:`chat_server.redis_rooms` (the keys they touch).
+Each script's KEYS and ARGV are built by the function beside it (:class:`CommitCalls`,
+:func:`publish_call`, :func:`history_call`), so the layout the Lua reads and the one
+Python writes are read together. A commit's reply, with its node's ``WAIT`` count, is
+turned into an :class:`Outcome` by one pure function, :func:`commit_outcome`, whose
+error table is :data:`ERROR_OUTCOMES`. What each script does and why is told in
+:mod:`chat_server.store.redis` (the store that sends them) and
+:mod:`chat_server.redis_rooms` (the keys they touch).
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    TryAgainError,
+)
 
 from chat_server.messages import Message
-from chat_server.redis_rooms import Script
+from chat_server.redis_rooms import (
+    Entry,
+    Script,
+    commit_key,
+    durable_key,
+    encode_entry,
+    legacy_send_ref_key,
+    room_channel,
+    send_key,
+    seq_key,
+    stream_key,
+)
 
 __all__ = [
     "ACK_WAIT_MS",
     "COMMIT_SCRIPT",
+    "ELSEWHERE_ERRORS",
+    "ERROR_OUTCOMES",
     "HISTORY_SCRIPT",
     "PUBLISH_SCRIPT",
+    "REFUSED_PREFIXES",
+    "REFUSING_ERRORS",
+    "Call",
+    "CommitCalls",
+    "Outcome",
+    "Replies",
     "body_digest",
+    "commit_outcome",
+    "history_call",
     "parse_answer",
     "pipeline",
+    "publish_call",
+    "publish_outcome",
+    "wait_count",
 ]
+
+#: one script call: the script, its KEYS, its ARGV
+Call = tuple[Script, list[str], list[str | bytes]]
 
 #: how long a commit's WAIT waits for its replicas; short of them the batch stays in doubt
 ACK_WAIT_MS: Final = 1000
@@ -162,6 +207,135 @@ return redis.call('XREVRANGE', KEYS[1], string.format('%d', upto), '-', 'COUNT',
 """)
 
 
+class CommitCalls:
+    """Builds :data:`COMMIT_SCRIPT`'s calls for one store: its KEYS and ARGV, in the order
+    the script's header gives them."""
+
+    __slots__ = ("_history_max", "_publish_here", "_refs_on", "_send_ref_window", "_writer")
+
+    def __init__(
+        self, *, writer: str, history_max: int, send_ref_window_s: float, ack_replicas: int
+    ) -> None:
+        """``writer`` names this process' commit markers; ``history_max`` is HISTORY_MAX;
+        sends with a ref are looked up while ``send_ref_window_s`` rounds above 0; with
+        ``ack_replicas`` 0 the script marks durable and publishes itself."""
+        self._writer = writer
+        self._history_max = str(history_max)
+        self._send_ref_window = str(round(send_ref_window_s))
+        self._refs_on = round(send_ref_window_s) > 0
+        self._publish_here = "0" if ack_replicas else "1"
+
+    def call(self, room: str, messages: Sequence[Message], batch: str) -> Call:
+        """The call committing ``messages`` (in order) to ``room`` as this writer's ``batch``."""
+        ref_keys = []
+        digests = []
+        for message in messages:
+            if self._refs_on and message.ref is not None:
+                digest = body_digest(message)
+                ref_keys.append(send_key(room, message.user, message.ref, digest))
+                ref_keys.append(legacy_send_ref_key(room, message.user, message.ref))
+                digests.append(digest)
+            else:
+                digests.append("")
+        keys = [
+            seq_key(room),
+            stream_key(room),
+            commit_key(room, self._writer),
+            durable_key(room),
+            *ref_keys,
+        ]
+        args: list[str | bytes] = [
+            room_channel(room),
+            batch,
+            self._history_max,
+            self._send_ref_window,
+            self._publish_here,
+            *[encode_entry(_entry(message)) for message in messages],
+            *digests,
+        ]
+        return COMMIT_SCRIPT, keys, args
+
+
+def publish_call(
+    room: str, messages: Sequence[Message], answer: tuple[int, dict[int, int]]
+) -> Call:
+    """The :data:`PUBLISH_SCRIPT` call for ``messages`` committed to ``room`` with ``answer``
+    (:func:`parse_answer`): the new ones are published, the durable seq raised over all."""
+    first, repeats = answer
+    fresh = [encode_entry(_entry(m)) for i, m in enumerate(messages) if i not in repeats]
+    upto = max([first + len(fresh) - 1, *repeats.values()])
+    payload = b"M%d [%s]" % (first, b",".join(fresh)) if fresh else b""
+    return PUBLISH_SCRIPT, [durable_key(room)], [room_channel(room), str(upto), payload]
+
+
+def history_call(room: str, before: int | None, limit: int) -> Call:
+    """The :data:`HISTORY_SCRIPT` call for ``room``'s latest ``limit`` durable messages with
+    ``seq < before`` (no bound when None)."""
+    end = "+" if before is None else str(before - 1)
+    return HISTORY_SCRIPT, [stream_key(room), durable_key(room), seq_key(room)], [end, str(limit)]
+
+
+def _entry(message: Message) -> Entry:
+    return Entry(message.user, message.body, message.ts, message.ref)
+
+
+# ---- what the replies mean ------------------------------------------------------------------
+
+
+class Outcome(enum.Enum):
+    """What a commit script's reply, with its node's ``WAIT`` count, means for its room's
+    share of a batch."""
+
+    #: it ran and is on as many replicas as asked: publish it, then ack it
+    SETTLED = "settled"
+    #: it may have run (or may yet): read the slots again and send it again, bounded by
+    #: IN_DOUBT_WAIT_S (the commit marker makes a second run answer as the first)
+    IN_DOUBT = "in doubt"
+    #: Redis said it did not run it (loading, read-only, out of memory, busy): unavailable
+    REFUSED = "refused"
+    #: the script ran and failed (e.g. a STALE batch): failed
+    FAILED = "failed"
+
+
+#: error replies saying the node did not run a command because another serves the slot
+#: now, or its keys are moving: the slots are read again and it is sent again (redis-py's
+#: MasterDownError, a replica that lost its primary, is a ClusterDownError: this row)
+ELSEWHERE_ERRORS: Final = (AskError, ClusterDownError, MovedError, TryAgainError)
+#: error replies saying Redis did not run a command (loading, a replica, out of memory)
+REFUSING_ERRORS: Final = (BusyLoadingError, OutOfMemoryError, ReadOnlyError)
+#: an error reply's meaning, the first row that matches wins; any other error is FAILED
+ERROR_OUTCOMES: Final[tuple[tuple[tuple[type[RedisError], ...], Outcome], ...]] = (
+    (ELSEWHERE_ERRORS, Outcome.IN_DOUBT),
+    (REFUSING_ERRORS, Outcome.REFUSED),
+)
+#: error replies redis-py has no class for, by their first word: not run (a script is busy)
+REFUSED_PREFIXES: Final = ("BUSY",)
+
+
+def commit_outcome(reply: object, replicas: int, ack_replicas: int) -> Outcome:
+    """What a commit script's ``reply`` means when its node's ``WAIT`` counted ``replicas``
+    (0 when none was asked) of the ``ack_replicas`` asked."""
+    if isinstance(reply, Exception):
+        for errors, outcome in ERROR_OUTCOMES:
+            if isinstance(reply, errors):
+                return outcome
+        if str(reply).startswith(REFUSED_PREFIXES):
+            return Outcome.REFUSED
+        return Outcome.FAILED
+    return Outcome.SETTLED if replicas >= ack_replicas else Outcome.IN_DOUBT
+
+
+def publish_outcome(reply: object) -> Outcome:
+    """What a publish script's ``reply`` means: settled, or (any error) still in doubt."""
+    return Outcome.IN_DOUBT if isinstance(reply, Exception) else Outcome.SETTLED
+
+
+def wait_count(reply: object) -> int:
+    """The replicas a ``WAIT`` reply counted; 0 for an error (e.g. ``UNBLOCKED``: the
+    primary became a replica)."""
+    return 0 if isinstance(reply, Exception) else int(reply)  # type: ignore[call-overload]
+
+
 def body_digest(message: Message) -> str:
     """What the commit script tells a repeated send by: its body's digest."""
     return hashlib.blake2b(message.body.encode(), digest_size=8).hexdigest()
@@ -177,14 +351,22 @@ def parse_answer(answer: bytes | str | int) -> tuple[int, dict[int, int]]:
     }
 
 
-async def pipeline(
-    client: Redis, calls: list[tuple[Script, list[str], list[Any]]], wait: int
-) -> list[Any]:
+class Replies(NamedTuple):
+    """A pipeline's answers: each call's reply (or error), in order, and its ``WAIT``."""
+
+    scripts: list[Any]
+    #: the replicas ``WAIT`` counted (0 when none was asked, or it failed)
+    replicas: int
+    #: the ``WAIT``'s error reply, if it failed
+    wait_error: Exception | None
+
+
+async def pipeline(client: Redis, calls: Sequence[Call], wait: int) -> Replies:
     """Run ``calls`` in one pipeline on one node's connection, then (``wait`` > 0) ``WAIT
-    wait`` on that connection, whose reply comes last: it counts the replicas holding
-    every write this connection made. A node that lacked a script gets it and the whole
-    pipeline again (calls that ran answer from their commit markers). Connection errors
-    propagate (in doubt)."""
+    wait`` on that connection: it counts the replicas holding every write this
+    connection made. A node that lacked a script gets it and the whole pipeline again
+    (calls that ran answer from their commit markers). Connection errors propagate (in
+    doubt)."""
     for attempt in range(2):
         pipe = client.pipeline(transaction=False)
         for script, keys, args in calls:
@@ -201,4 +383,7 @@ async def pipeline(
             break
         for script in missing:  # a restarted node, or a replica promoted since
             await client.script_load(script.source)
-    return replies
+    if not wait:
+        return Replies(replies, 0, None)
+    waited = replies.pop()
+    return Replies(replies, wait_count(waited), waited if isinstance(waited, Exception) else None)

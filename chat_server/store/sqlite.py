@@ -57,7 +57,6 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -66,11 +65,12 @@ from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
 from chat_server.store.base import BatchCallback, BatchLedger, LedgerStore, StoreStats
 from chat_server.store.sqlite_commits import (
+    BatchOutcome,
     CommitHold,
     CommitPlace,
     Item,
     LoopCommits,
-    Outcome,
+    SqliteWriter,
     ThreadCommits,
     WriterThreadHook,
 )
@@ -86,16 +86,9 @@ from chat_server.store.sqlite_policy import (
     hand_over_wait_s,
 )
 from chat_server.store.sqlite_reads import SqliteReader
-from chat_server.store.sqlite_schema import (
-    INSERT_MESSAGE,
-    SCHEMA_VERSION,
-    SYNCHRONOUS,
-    TRIM_ROOM,
-    UPSERT_ROOM,
-    open_writer,
-)
+from chat_server.store.sqlite_schema import SCHEMA_VERSION, SYNCHRONOUS
 from chat_server.store.sqlite_wal import Checkpointer
-from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, NOTABLE_LAG_S, PlainHistogram
+from chat_server.tail import COMMIT_BUCKETS_S, NOTABLE_KEPT, PlainHistogram
 
 __all__ = [
     "COMMIT_NOW_SIZE",
@@ -175,7 +168,6 @@ class SqliteHistoryStore(LedgerStore):
         self._synchronous = SYNCHRONOUS[synchronous]
         self._queue_max = queue_max
         self._batch_max = batch_max
-        self._history_max = history_max
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._commit_interval_s = commit_interval_ms / 1000
         self.commit_seconds = (
@@ -186,26 +178,27 @@ class SqliteHistoryStore(LedgerStore):
             maxlen=NOTABLE_KEPT
         )
 
-        #: every room's last seq as committed: owned by whoever runs the transactions
-        #: (the loop or the writer thread), loaded when the write connection opens
-        self._writer_seq: dict[str, int] = {}
+        #: the write side (connection, numbering, transaction): used by whoever runs the
+        #: transactions (the loop or the writer thread)
+        self._writer = SqliteWriter(
+            path=self._path,
+            synchronous=self._synchronous,
+            busy_timeout_s=self._busy_timeout_s,
+            history_max=history_max,
+            commit_seconds=self.commit_seconds,
+            slow_commits=self.slow_commits,
+        )
         # Every commit holds it; the checkpointer takes it to restart the WAL.
         hold = CommitHold()
         self._commits: CommitPlace
         if place == "loop":
             self._commits = LoopCommits(
-                open_connection=self._open_writer,
-                transaction=self._commit,
-                report=self._report,
-                hold=hold,
-                resume=self._resume_held,
-                batch_max=batch_max,
+                writer=self._writer, hold=hold, resume=self._resume_held, batch_max=batch_max
             )
         else:
             self._commits = ThreadCommits(
-                open_connection=self._open_writer,
-                transaction=self._commit,
-                report=self._report,
+                writer=self._writer,
+                apply=self._apply,
                 hold=hold,
                 batch_max=batch_max,
                 hook=writer_hook,
@@ -244,6 +237,8 @@ class SqliteHistoryStore(LedgerStore):
         self._accepting = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
+        #: every room's last seq as applied (reported to ``on_batch``): the writer's
+        #: ``committed`` as of start, then raised by each outcome applied
         self._last_seq: dict[str, int] = {}
 
     # ---- life cycle ---------------------------------------------------------
@@ -259,7 +254,7 @@ class SqliteHistoryStore(LedgerStore):
         self._loop = asyncio.get_running_loop()
         try:
             await self._commits.start(self._loop)
-            self._last_seq = dict(self._writer_seq)
+            self._last_seq = dict(self._writer.committed)
             await self._reads.open()
             self.checkpointer.start(self._loop)
         except BaseException:
@@ -345,9 +340,12 @@ class SqliteHistoryStore(LedgerStore):
             self._next_hand_over = self._loop.call_later(wait_s, self._hand_over)
             return
         self._pending = []
-        if not self._commits.hand_over(items):
+        done = self._commits.hand_over(items)
+        if done is None:
             self._pending = items  # held: nothing ran, so nothing was submitted meanwhile
             return
+        for batch, outcome in done:
+            self._apply(batch, outcome)
         self._last_hand_over_s = time.perf_counter()
 
     def _resume_held(self) -> None:
@@ -392,96 +390,16 @@ class SqliteHistoryStore(LedgerStore):
         """The last ``seq`` of ``room`` reported to ``on_batch`` (0 when it has none)."""
         return self._last_seq.get(room, 0)
 
-    def _report(
-        self,
-        items: list[Item],
-        seqs: list[int],
-        room_seqs: dict[str, int],
-        error: StoreError | None,
-    ) -> None:
-        """On the loop: give the messages their ``seq``, call ``on_batch``, wake flushers."""
-        if error is None:
+    def _apply(self, items: list[Item], outcome: BatchOutcome) -> None:
+        """On the loop, in commit order: give the messages their ``seq``, call ``on_batch``,
+        wake flushers."""
+        if outcome.error is None:
             # Set here rather than in the writer so that loop code never sees a seq
             # before the batch is reported.
-            for (message, _), seq in zip(items, seqs, strict=True):
+            for (message, _), seq in zip(items, outcome.seqs, strict=True):
                 message.seq = seq
-            self._last_seq.update(room_seqs)
-        self._ledger.report(items, error)
-
-    # ---- the transaction (on the loop or the writer thread, see sqlite_commits) ----
-
-    def _open_writer(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
-        """Open the write connection (see :func:`open_writer`) and load the writer's seq cache.
-
-        ``busy_timeout_s`` replaces the configured busy timeout once the file is open.
-        Raises ``StoreError`` naming the path when the file cannot be opened.
-        """
-        try:
-            conn, self._writer_seq = open_writer(
-                self._path,
-                synchronous=self._synchronous,
-                open_timeout_s=self._busy_timeout_s,
-                busy_timeout_s=self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
-            )
-        except StoreError:
-            raise
-        except Exception as exc:
-            logger.exception("history store: opening %s failed", self._path)
-            raise StoreError(f"cannot open history store {str(self._path)!r}: {exc}") from exc
-        return conn
-
-    def _commit(self, conn: sqlite3.Connection, batch: list[Item]) -> Outcome:
-        """Write ``batch`` in one transaction; return its seqs, each room's last seq, the error.
-
-        On failure nothing was written, the writer's seq cache is unchanged and the
-        returned seqs are empty.
-        """
-        cache = self._writer_seq
-        room_seqs: dict[str, int] = {}
-        seqs: list[int] = []
-        rows: list[tuple[str, int, str, str, int, str | None]] = []
-        for message, _ in batch:
-            room = message.room
-            seq = room_seqs.get(room)
-            seq = (cache.get(room, 0) if seq is None else seq) + 1
-            room_seqs[room] = seq
-            seqs.append(seq)
-            rows.append((room, seq, message.user, message.body, message.ts, message.ref))
-        started = time.perf_counter()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(INSERT_MESSAGE, rows)
-            conn.executemany(UPSERT_ROOM, room_seqs.items())
-            if self._history_max:
-                keep = self._history_max
-                trims = [(room, seq - keep) for room, seq in room_seqs.items() if seq > keep]
-                conn.executemany(TRIM_ROOM, trims)
-            conn.execute("COMMIT")
-        except Exception as exc:
-            error = self._batch_error(exc)
-            if isinstance(exc, sqlite3.Error):
-                logger.warning("history store: batch of %d messages failed: %s", len(batch), exc)
-            else:
-                logger.exception("history store: batch of %d messages failed", len(batch))
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error as rollback_exc:
-                    logger.error("history store: rollback failed: %s", rollback_exc)
-            return [], {}, error
-        took = time.perf_counter() - started
-        self.commit_seconds.observe(took)
-        if took >= NOTABLE_LAG_S:
-            self.slow_commits.append((time.time(), took, len(batch)))
-        cache.update(room_seqs)
-        return seqs, room_seqs, None
-
-    @staticmethod
-    def _batch_error(exc: Exception) -> StoreError:
-        """Map a failed write to the contract: locked or I/O trouble is ``unavailable``."""
-        if isinstance(exc, sqlite3.OperationalError):
-            return StoreUnavailable(f"history store unavailable: {exc}")
-        return StoreError(f"history store failed: {exc}")
+            self._last_seq.update(outcome.room_seqs)
+        self._ledger.report(items, outcome.error)
 
     # ---- the checkpointer (on its own thread, see Checkpointer) ---------------
 

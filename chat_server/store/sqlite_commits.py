@@ -2,7 +2,8 @@
 
 The store gathers one loop iteration's sends and decides when to hand them over
 (:mod:`chat_server.store.sqlite_policy`); a :class:`CommitPlace` takes each hand-over
-and runs the store's transaction on it:
+and runs the :class:`SqliteWriter`'s transaction on it, giving back each batch's
+:class:`BatchOutcome` for the store to apply:
 
 :class:`LoopCommits`
     On the event loop, right away. With ``synchronous=normal`` a commit is a WAL
@@ -30,18 +31,24 @@ import concurrent.futures
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, Final, Protocol
+from pathlib import Path
+from typing import Any, Final, NamedTuple, Protocol
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
+from chat_server.store.sqlite_schema import INSERT_MESSAGE, TRIM_ROOM, UPSERT_ROOM, open_writer
+from chat_server.tail import NOTABLE_LAG_S, PlainHistogram
 from chatlab.supervision import STOP, supervisor
 
 __all__ = [
+    "BatchOutcome",
     "CommitHold",
     "CommitPlace",
     "LoopCommits",
+    "SqliteWriter",
     "ThreadCommits",
     "WriterThreadHook",
 ]
@@ -53,16 +60,123 @@ logger = logging.getLogger("chat_server.store")
 _IDLE_CHECK_S: Final = 1.0
 
 Item = tuple[Message, Any]
-#: one transaction's outcome: each message's seq, each room's last seq, and the error
-#: (None: committed; then and only then are the seqs given)
-Outcome = tuple[list[int], dict[str, int], StoreError | None]
-#: the store's transaction: write one batch on the write connection
-Transaction = Callable[[sqlite3.Connection, list[Item]], Outcome]
-#: the store's report of one batch, on the loop, in commit order
-Report = Callable[[list[Item], list[int], dict[str, int], StoreError | None], None]
-#: opens the write connection (and loads the store's seq cache); the argument replaces
-#: the configured busy timeout (s) when not None; raises ``StoreError``
-OpenConnection = Callable[[float | None], sqlite3.Connection]
+
+
+class BatchOutcome(NamedTuple):
+    """One transaction's outcome: each message's seq and each room's last seq, given then
+    and only then when it committed (``error`` None)."""
+
+    seqs: list[int]
+    room_seqs: dict[str, int]
+    error: StoreError | None
+
+
+#: a batch and its outcome, for the store to apply on the loop, in commit order
+Applied = tuple[list[Item], BatchOutcome]
+#: where a writer thread's outcomes go (called on the loop, in commit order)
+Apply = Callable[[list[Item], BatchOutcome], None]
+
+
+class SqliteWriter:
+    """The write side: opens the write connection and numbers and writes each batch in one
+    transaction. Used by one thread at a time (the loop's, or the writer thread's).
+
+    ``committed`` is every room's last seq as committed, loaded when the connection opens:
+    what the next batch is numbered from. It runs ahead of what the store has applied
+    while a writer thread's outcomes are on their way to the loop, which is why the
+    store's own ``last_seq`` (what was reported) is kept apart from it.
+    """
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        synchronous: str,
+        busy_timeout_s: float,
+        history_max: int,
+        commit_seconds: PlainHistogram,
+        slow_commits: collections.deque[tuple[float, float, int]],
+    ) -> None:
+        self._path = path
+        self._synchronous = synchronous
+        self._busy_timeout_s = busy_timeout_s
+        self._history_max = history_max
+        self._commit_seconds = commit_seconds
+        self._slow_commits = slow_commits
+        self.committed: dict[str, int] = {}
+
+    def open(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
+        """Open the write connection (see :func:`open_writer`) and load ``committed``.
+
+        ``busy_timeout_s`` replaces the configured busy timeout once the file is open.
+        Raises ``StoreError`` naming the path when the file cannot be opened.
+        """
+        try:
+            conn, self.committed = open_writer(
+                self._path,
+                synchronous=self._synchronous,
+                open_timeout_s=self._busy_timeout_s,
+                busy_timeout_s=self._busy_timeout_s if busy_timeout_s is None else busy_timeout_s,
+            )
+        except StoreError:
+            raise
+        except Exception as exc:
+            logger.exception("history store: opening %s failed", self._path)
+            raise StoreError(f"cannot open history store {str(self._path)!r}: {exc}") from exc
+        return conn
+
+    def commit(self, conn: sqlite3.Connection, batch: list[Item]) -> BatchOutcome:
+        """Number and write ``batch`` in one transaction.
+
+        On failure nothing was written, ``committed`` is unchanged and the outcome's seqs
+        are empty.
+        """
+        cache = self.committed
+        room_seqs: dict[str, int] = {}
+        seqs: list[int] = []
+        rows: list[tuple[str, int, str, str, int, str | None]] = []
+        for message, _ in batch:
+            room = message.room
+            seq = room_seqs.get(room)
+            seq = (cache.get(room, 0) if seq is None else seq) + 1
+            room_seqs[room] = seq
+            seqs.append(seq)
+            rows.append((room, seq, message.user, message.body, message.ts, message.ref))
+        started = time.perf_counter()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(INSERT_MESSAGE, rows)
+            conn.executemany(UPSERT_ROOM, room_seqs.items())
+            if self._history_max:
+                keep = self._history_max
+                trims = [(room, seq - keep) for room, seq in room_seqs.items() if seq > keep]
+                conn.executemany(TRIM_ROOM, trims)
+            conn.execute("COMMIT")
+        except Exception as exc:
+            error = _batch_error(exc)
+            if isinstance(exc, sqlite3.Error):
+                logger.warning("history store: batch of %d messages failed: %s", len(batch), exc)
+            else:
+                logger.exception("history store: batch of %d messages failed", len(batch))
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as rollback_exc:
+                    logger.error("history store: rollback failed: %s", rollback_exc)
+            return BatchOutcome([], {}, error)
+        took = time.perf_counter() - started
+        self._commit_seconds.observe(took)
+        if took >= NOTABLE_LAG_S:
+            self._slow_commits.append((time.time(), took, len(batch)))
+        cache.update(room_seqs)
+        return BatchOutcome(seqs, room_seqs, None)
+
+
+def _batch_error(exc: Exception) -> StoreError:
+    """Map a failed write to the contract: locked or I/O trouble is ``unavailable``."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return StoreUnavailable(f"history store unavailable: {exc}")
+    return StoreError(f"history store failed: {exc}")
 
 
 class CommitHold:
@@ -120,10 +234,11 @@ class CommitPlace(Protocol):
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the write connection; raise ``StoreError`` naming the path if it cannot."""
 
-    def hand_over(self, items: list[Item]) -> bool:
-        """Commit ``items`` (or queue them for it); each batch's outcome is reported on the
-        loop, in order. False: the checkpointer holds the commits, nothing was taken, and
-        the store's resume is called on the loop when it lets go."""
+    def hand_over(self, items: list[Item]) -> list[Applied] | None:
+        """Commit ``items`` now and return each batch's outcome (on the loop), or queue them
+        and return none (a writer thread: its outcomes go to ``apply`` on the loop, in
+        order). None: the checkpointer holds the commits, nothing was taken, and the
+        store's resume is called on the loop when it lets go."""
 
     def stop_soon(self) -> None:
         """Commit what was handed over, then stop; returns at once (also when cancelled)."""
@@ -133,23 +248,20 @@ class CommitPlace(Protocol):
 
 
 class LoopCommits:
-    """Commits on the event loop, in ``batch_max`` slices, as soon as they are handed over."""
+    """Commits on the event loop, in ``batch_max`` slices, as soon as they are handed over;
+    their outcomes are returned."""
 
     def __init__(
         self,
         *,
-        open_connection: OpenConnection,
-        transaction: Transaction,
-        report: Report,
+        writer: SqliteWriter,
         hold: CommitHold,
         resume: Callable[[], None],
         batch_max: int,
     ) -> None:
         """``resume`` is called on the loop when the checkpointer lets go of ``hold``."""
         self.queue: collections.deque[Item] = collections.deque()  # nothing waits here
-        self._open_connection = open_connection
-        self._transaction = transaction
-        self._report = report
+        self._writer = writer
         self._hold = hold
         self._resume = resume
         self._batch_max = batch_max
@@ -157,26 +269,29 @@ class LoopCommits:
 
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the write connection with a busy timeout of 0: the loop never waits on a lock."""
-        self._conn = self._open_connection(0.0)
+        self._conn = self._writer.open(0.0)
         self._hold.resume_on(loop, self._resume)
 
-    def hand_over(self, items: list[Item]) -> bool:
-        """Commit ``items`` now, unless the checkpointer holds the commits (then False)."""
+    def hand_over(self, items: list[Item]) -> list[Applied] | None:
+        """Commit ``items`` now and return each slice's outcome, unless the checkpointer
+        holds the commits (then None)."""
         if not self._hold.try_take():
-            return False
+            return None
+        done: list[Applied] = []
         try:
             conn = self._conn
+            commit = self._writer.commit
             size = self._batch_max
             for start in range(0, len(items), size):
                 batch = items[start : start + size]
                 if conn is None:
-                    self._report(batch, [], {}, StoreUnavailable("history store closed"))
-                    continue
-                seqs, room_seqs, error = self._transaction(conn, batch)
-                self._report(batch, seqs, room_seqs, error)
+                    closed = StoreUnavailable("history store closed")
+                    done.append((batch, BatchOutcome([], {}, closed)))
+                else:
+                    done.append((batch, commit(conn, batch)))
         finally:
             self._hold.give_back()
-        return True
+        return done
 
     def stop_soon(self) -> None:
         """Nothing waits: every hand-over was committed when it came."""
@@ -233,23 +348,23 @@ class ThreadCommits:
     Hand-overs queue up (``queue``, guarded by a condition the loop and the writer
     share); the writer takes up to ``batch_max`` at a time, commits them as one
     transaction holding the :class:`CommitHold` (waiting while the checkpointer holds
-    it) and reports each batch on the loop with ``call_soon_threadsafe``. ``hook`` runs
+    it) and hands each batch's outcome to ``apply`` on the loop with
+    ``call_soon_threadsafe``. ``hook`` runs
     on the writer thread at its start, between batches when it asks to, and at its end.
     """
 
     def __init__(
         self,
         *,
-        open_connection: OpenConnection,
-        transaction: Transaction,
-        report: Report,
+        writer: SqliteWriter,
+        apply: Apply,
         hold: CommitHold,
         batch_max: int,
         hook: WriterThreadHook | None = None,
     ) -> None:
-        self._open_connection = open_connection
-        self._transaction = transaction
-        self._report = report
+        """``apply`` gets each batch's outcome on the loop, in commit order."""
+        self._writer = writer
+        self._apply = apply
         self._hold = hold
         self._batch_max = batch_max
         self._hook: WriterThreadHook = _NO_HOOK if hook is None else hook
@@ -272,12 +387,13 @@ class ThreadCommits:
         self._thread.start()
         await asyncio.wrap_future(ready)
 
-    def hand_over(self, items: list[Item]) -> bool:
-        """Queue ``items`` for the writer; always taken (the writer waits out a hold)."""
+    def hand_over(self, items: list[Item]) -> list[Applied] | None:
+        """Queue ``items`` for the writer; always taken (the writer waits out a hold), their
+        outcomes go to ``apply`` later."""
         with self._cond:
             self.queue.extend(items)
             self._cond.notify()
-        return True
+        return []
 
     def stop_soon(self) -> None:
         """Tell the writer to exit once the queue is empty."""
@@ -304,7 +420,7 @@ class ThreadCommits:
         hook.thread_started(self._wake)
         try:
             try:
-                conn = self._open_connection(None)
+                conn = self._writer.open(None)
             except Exception as exc:  # a StoreError naming the path (see OpenConnection)
                 ready.set_exception(exc)
                 return
@@ -344,13 +460,13 @@ class ThreadCommits:
             if not batch:
                 continue  # woken for the hook only
             with self._hold.wait_turn():
-                seqs, room_seqs, error = self._transaction(conn, batch)
+                outcome = self._writer.commit(conn, batch)
             try:
-                loop.call_soon_threadsafe(self._report, batch, seqs, room_seqs, error)
+                loop.call_soon_threadsafe(self._apply, batch, outcome)
             except RuntimeError:
                 logger.error(
                     "history store: event loop closed; a batch of %d went unreported (%s)",
                     len(batch),
-                    "committed" if error is None else "failed",
+                    "committed" if outcome.error is None else "failed",
                 )
                 return

@@ -40,7 +40,7 @@ from chat_server.auth import InvalidToken, TokenVerifier
 from chat_server.codecs.base import Codec
 from chat_server.settings import Settings
 from chat_server.transport.accept import Acceptor, MethodGate, listening_socket
-from chat_server.transport.deflate import SharedCompressor, deflated_frame
+from chat_server.transport.deflate import Framing, SharedCompressor, deflated_frame
 from chat_server.web import WebSite
 from chatlab.tls import server_context
 
@@ -91,6 +91,8 @@ class ServerTransport(ABC):
         self.codec = codec
         self.stats = OutboundStats()
         self.coalescer = WriteCoalescer(codec.binary, settings.ws_deflate == "shared")
+        #: the framing a connection that negotiated permessage-deflate takes (WS_DEFLATE)
+        self.negotiated_framing = Framing.of(settings.ws_deflate)
         self.admission = Admission(settings, service, verifier, codec, self.stats)
         #: the headers every HTTP response carries: this process' pid with
         #: EXPOSE_INTERNALS=on, none otherwise
@@ -182,9 +184,10 @@ class Corked(Protocol):
         """Write every frame waiting, in one write."""
 
 
-class Framing:
-    """The wire bytes of server data frames (unmasked, final), each frame's built once per
-    loop iteration for all the connections a broadcast goes to."""
+class FrameCache:
+    """The wire bytes of server data frames (unmasked, final) in one :class:`Framing`,
+    each frame's built once per loop iteration for all the connections a broadcast goes
+    to."""
 
     __slots__ = ("_build", "_wire")
 
@@ -219,9 +222,10 @@ class WriteCoalescer:
     what it holds is written into the connection's transport buffer, whose size
     decides the 1013 close, within the same iteration.
 
-    Its framings build each frame's wire bytes once per iteration for every connection
-    a broadcast goes to: :attr:`plain` (no extension), and with ``WS_DEFLATE=shared``
-    :attr:`deflated` (permessage-deflate without context takeover: compressed once,
+    Its frame caches build each frame's wire bytes once per iteration for every
+    connection a broadcast goes to, one per :class:`Framing` a connection may take
+    (:meth:`frames`): plain (no extension), and with ``WS_DEFLATE=shared`` deflated
+    (permessage-deflate without context takeover: compressed once,
     :mod:`chat_server.transport.deflate`).
     """
 
@@ -229,15 +233,21 @@ class WriteCoalescer:
         opcode = Opcode.BINARY if binary else Opcode.TEXT
         self._dirty: list[Corked] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: frames without an extension
-        self.plain = Framing(lambda frame: Frame(opcode, frame).serialize(mask=False))
-        #: frames compressed once for every connection that negotiated shared deflate
-        self.deflated: Framing | None = None
-        self._framings = [self.plain]
+        plain = FrameCache(lambda frame: Frame(opcode, frame).serialize(mask=False))
+        #: each framing's cache; PER_CONNECTION_DEFLATE's frames are the extension's
+        #: (never built here), its entry only keeps the map total
+        self._caches = {Framing.PLAIN: plain, Framing.PER_CONNECTION_DEFLATE: plain}
         if shared_deflate:
             compress = SharedCompressor().compress
-            self.deflated = Framing(lambda frame: deflated_frame(opcode, compress(frame)))
-            self._framings.append(self.deflated)
+            self._caches[Framing.SHARED_DEFLATE] = FrameCache(
+                lambda frame: deflated_frame(opcode, compress(frame))
+            )
+        self._framings = list(dict.fromkeys(self._caches.values()))
+
+    def frames(self, framing: Framing) -> FrameCache:
+        """The cache that frames data for a connection in ``framing`` (KeyError: a
+        framing this process does not offer)."""
+        return self._caches[framing]
 
     def mark(self, peer: Corked) -> None:
         """``peer`` has frames waiting: have it flush at the end of this iteration."""

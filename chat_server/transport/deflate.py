@@ -27,6 +27,7 @@ Control frames are never compressed (RFC 7692 6.1).
 
 from __future__ import annotations
 
+import enum
 import zlib
 from collections.abc import Iterable, Sequence
 
@@ -40,6 +41,7 @@ from chat_server.transport.frames import frame_header
 __all__ = [
     "EXTENSION_NAME",
     "WINDOW_BITS",
+    "Framing",
     "InflatedTooBig",
     "InvalidCompressedData",
     "MessageInflater",
@@ -50,6 +52,30 @@ __all__ = [
 ]
 
 EXTENSION_NAME = "permessage-deflate"
+
+
+class Framing(enum.Enum):
+    """How a connection's data frames go on the wire: chosen once, at its handshake, by
+    both transports (:meth:`of` for what a connection that negotiated permessage-deflate
+    takes, :attr:`PLAIN` for every other)."""
+
+    #: no extension: each frame built once per broadcast for every such connection
+    PLAIN = "plain"
+    #: ``WS_DEFLATE=on``: through the connection's own compressor (context takeover),
+    #: websockets' extension (the transport's ``_write_frames``)
+    PER_CONNECTION_DEFLATE = "per-connection deflate"
+    #: ``WS_DEFLATE=shared``: compressed once per broadcast for every such connection
+    SHARED_DEFLATE = "shared deflate"
+
+    @classmethod
+    def of(cls, ws_deflate: str) -> Framing:
+        """The framing of a connection that negotiated permessage-deflate under
+        ``WS_DEFLATE=ws_deflate`` (PLAIN when it is off: none negotiates)."""
+        return {"on": cls.PER_CONNECTION_DEFLATE, "shared": cls.SHARED_DEFLATE}.get(
+            ws_deflate, cls.PLAIN
+        )
+
+
 #: the window every broadcast is compressed with: RFC 7692 lets an offer ask for 2^8 to
 #: 2^15; zlib cannot compress with 2^8 (madler/zlib#171, as websockets notes), so 2^9 is
 #: the smallest window an accepted offer may ask for, and a frame compressed with it

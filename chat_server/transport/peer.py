@@ -53,10 +53,14 @@ from chat_server.transport.base import (
     bound_send_buffer,
     reset_on_abort,
 )
+from chat_server.transport.deflate import Framing
 
 if TYPE_CHECKING:
     from chat_server.core.chat import Session
-    from chat_server.transport.base import Framing, ServerTransport
+    from chat_server.transport.base import FrameCache, ServerTransport
+
+PLAIN = Framing.PLAIN
+PER_CONNECTION_DEFLATE = Framing.PER_CONNECTION_DEFLATE
 
 log = logging.getLogger("chat_server.transport")
 
@@ -72,7 +76,7 @@ PEER_SLOTS = (
     "_drop",
     "_fragments",
     "_fragments_text",
-    "_framing",
+    "_frames",
     "_keepalive",
     "_out",
     "_out_bytes",
@@ -81,6 +85,7 @@ PEER_SLOTS = (
     "_pong_due",
     "_spare_bytes",
     "closing",
+    "framing",
     "owner",
     "paused",
     "session",
@@ -104,10 +109,12 @@ class ChatPeer:
     closing: bool
     #: the write buffer is over its high-water mark
     paused: bool
-    #: the coalescer's framing this connection's data frames take (built once per
-    #: broadcast: plain, or compressed once with ``WS_DEFLATE=shared``), or None when an
-    #: extension with context takeover frames them (:meth:`_write_frames`)
-    _framing: Framing | None
+    #: how this connection's data frames go on the wire, chosen at the handshake
+    #: (:meth:`_take_framing`; PLAIN until then)
+    framing: Framing
+    #: the coalescer's cache for ``framing`` (each frame built once per broadcast); not
+    #: used with PER_CONNECTION_DEFLATE, whose extension frames them (:meth:`_write_frames`)
+    _frames: FrameCache
     _out: list[bytes] | None
     _out_bytes: int
     #: bytes the write buffer may still take before the bound, when the queue started
@@ -129,7 +136,8 @@ class ChatPeer:
         self.tcp = None
         self.closing = False
         self.paused = False
-        self._framing = owner.coalescer.plain
+        self.framing = PLAIN
+        self._frames = owner.coalescer.frames(PLAIN)
         self._out = None
         self._out_bytes = 0
         self._spare_bytes = owner.max_outbound_bytes
@@ -144,8 +152,14 @@ class ChatPeer:
 
     # ---- what a transport provides ------------------------------------------------------
 
+    def _take_framing(self, framing: Framing) -> None:
+        """The handshake chose ``framing`` for this connection's data frames."""
+        self.framing = framing
+        self._frames = self.owner.coalescer.frames(framing)
+
     def _write_frames(self, frames: list[bytes]) -> None:
-        """Write data frames through an extension (only called when ``_framing`` is None)."""
+        """Write data frames through the connection's own extension (only called with
+        ``PER_CONNECTION_DEFLATE``)."""
         raise NotImplementedError
 
     def _send_close_frame(self, code: int, reason: str) -> None:
@@ -187,9 +201,8 @@ class ChatPeer:
         tcp = self.tcp
         if not frames or self.closing or tcp is None or tcp.is_closing():
             return
-        framing = self._framing
-        if framing is not None:  # the coalescer's, built once per broadcast
-            framed = framing.framed
+        if self.framing is not PER_CONNECTION_DEFLATE:  # built once per broadcast
+            framed = self._frames.framed
             tcp.write(b"".join([framed(frame) for frame in frames]))
         else:
             self._write_frames(frames)
@@ -207,9 +220,9 @@ class ChatPeer:
             self.flush()  # what was sent before goes first
         if self._spare_now() is None:
             raise ConnectionError("connection is closing")
-        if self._framing is not None:
+        if self.framing is not PER_CONNECTION_DEFLATE:
             assert self.tcp is not None
-            self.tcp.write(self._framing.alone(frame))
+            self.tcp.write(self._frames.alone(frame))
         else:
             self._write_frames([frame])
         self.owner.stats.frames_out += 1

@@ -20,8 +20,9 @@ permessage-deflate with context takeover (``WS_DEFLATE=on``) is websockets' only
 refused at start with this transport (see :mod:`chat_server.settings`). With
 ``WS_DEFLATE=shared`` the transport negotiates it itself
 (:func:`~chat_server.transport.deflate.answer_offers`, in the 101's extra headers); a
-connection that accepted it is a :class:`DeflatePicowsPeer`, whose data frames are
-compressed once per broadcast by the coalescer and whose client frames it inflates.
+connection that accepted it is a :class:`PicowsPeer` in ``Framing.SHARED_DEFLATE``: its
+data frames are compressed once per broadcast by the coalescer, and its client's
+compressed messages are inflated.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from chat_server.transport.base import (
     ServerTransport,
 )
 from chat_server.transport.deflate import (
+    Framing,
     InflatedTooBig,
     InvalidCompressedData,
     MessageInflater,
@@ -91,12 +93,19 @@ PONG = WSMsgType.PONG
 
 
 class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
-    """One upgraded connection: picows' callbacks into :class:`ChatPeer`."""
+    """One upgraded connection: picows' callbacks into :class:`ChatPeer`.
 
-    def __init__(self, owner: PicowsTransport, user: str) -> None:
+    In ``framing`` SHARED_DEFLATE (the handshake negotiated it) a compressed message from
+    the client (RSV1 on its first frame) is inflated by an inflater that lives only while
+    that message is read."""
+
+    def __init__(self, owner: PicowsTransport, user: str, framing: Framing) -> None:
         super().__init__(owner)
         self.user = user
         self._ws: WSTransport | None = None
+        self._take_framing(framing)
+        self._inflates = framing is Framing.SHARED_DEFLATE
+        self._inflater: MessageInflater | None = None
 
     def on_ws_connected(self, transport: WSTransport) -> None:
         self._ws = transport
@@ -105,6 +114,8 @@ class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
         kind = frame.msg_type
+        if self._inflates and self._compressed(kind, frame):
+            return
         if frame.fin and self._fragments is None:
             if kind == TEXT:
                 try:
@@ -152,29 +163,21 @@ class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
             self._drop_later()
         transport.disconnect()
 
+    # ---- Framing.SHARED_DEFLATE: the client's compressed messages ------------------------
 
-class DeflatePicowsPeer(PicowsPeer):
-    """A connection that negotiated ``WS_DEFLATE=shared``: its data frames take the
-    coalescer's compressed framing, and a compressed message from it (RSV1 on its first
-    frame) is inflated by an inflater that lives only while that message is read."""
-
-    def __init__(self, owner: PicowsTransport, user: str) -> None:
-        super().__init__(owner, user)
-        self._framing = owner.coalescer.deflated
-        self._inflater: MessageInflater | None = None
-
-    def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
-        kind = frame.msg_type
+    def _compressed(self, kind: WSMsgType, frame: WSFrame) -> bool:
+        """Take a frame of a compressed message (True), or leave the frame to the plain path."""
         if frame.rsv1 and kind in (TEXT, BINARY):
             if self._fragments is not None:
                 self._fail(CLOSE_PROTOCOL_ERROR, "new message inside a fragmented one")
-                return
+                return True
             self._inflater = MessageInflater(self.owner.settings.max_frame_bytes)
             self._inflated(kind == TEXT, frame.get_payload_as_memoryview(), frame.fin)
-        elif kind == CONTINUATION and self._inflater is not None:
+            return True
+        if kind == CONTINUATION and self._inflater is not None:
             self._inflated(None, frame.get_payload_as_memoryview(), frame.fin)
-        else:
-            super().on_ws_frame(transport, frame)
+            return True
+        return False
 
     def _inflater_held(self) -> bool:
         return self._inflater is not None
@@ -222,7 +225,7 @@ class PicowsTransport(ServerTransport):
     ) -> None:
         super().__init__(settings, service, verifier, codec, listen_socket)
         self._headers = dict(self.worker_headers)
-        self._shared_deflate = settings.ws_deflate == "shared"
+        self._shared_deflate = self.negotiated_framing is Framing.SHARED_DEFLATE
 
     def connection_protocol(self) -> asyncio.BufferedProtocol:
         """picows' server protocol for a connection, with :meth:`_route` as its router."""
@@ -246,11 +249,11 @@ class PicowsTransport(ServerTransport):
                 if self._shared_deflate
                 else None
             )
-            if deflate is None:
-                peer: PicowsPeer = PicowsPeer(self, decision.user)
-            else:
+            framing = Framing.PLAIN
+            if deflate is not None:
                 extra = {**extra, "Sec-WebSocket-Extensions": deflate}
-                peer = DeflatePicowsPeer(self, decision.user)
+                framing = self.negotiated_framing
+            peer = PicowsPeer(self, decision.user, framing)
             return WSUpgradeResponseWithListener(WSUpgradeResponse.create_101_response(extra), peer)
         extra = {**self._headers, "Content-Type": decision.content_type, **dict(decision.headers)}
         body = decision.body.encode()

@@ -205,10 +205,8 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
             response.headers[name] = value
         protocol.send_response(response)
         if protocol.state is OPEN:
-            if "Sec-WebSocket-Extensions" in response.headers:
-                # WS_DEFLATE=shared: compressed once per broadcast; on: None, through the
-                # protocol's own compressor
-                self._framing = owner.coalescer.deflated
+            if protocol.extensions:  # permessage-deflate negotiated: WS_DEFLATE says how
+                self._take_framing(owner.negotiated_framing)
             self._send_pending()  # the 101 before the welcome
             assert isinstance(decision, Admitted)
             self._opened(decision.user)
