@@ -20,7 +20,8 @@ talk: setup
 	$(PY) scripts/demo.py
 
 test: setup
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 -m 'not owns_machine'
+	$(PY) -m pytest -q -m owns_machine
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 

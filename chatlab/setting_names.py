@@ -78,6 +78,9 @@ CHAT_SERVER = frozenset(
         "SOCKET_SEND_BUFFER_BYTES",
         "STORE_BATCH_MAX",
         "STORE_QUEUE_MAX",
+        "TLS_CA_FILE",
+        "TLS_CERT_FILE",
+        "TLS_KEY_FILE",
         "TRANSPORT",
         "WORKERS",
         "WS_DEFLATE",
@@ -120,6 +123,8 @@ AUTH_SERVICE = frozenset(
         "RATE_LIMIT_KEYS_MAX",
         "REGISTER_BURST_PER_CLIENT",
         "REGISTER_RATE_PER_CLIENT_PER_MIN",
+        "TLS_CERT_FILE",
+        "TLS_KEY_FILE",
         "TOKEN_TTL_S",
     }
 )

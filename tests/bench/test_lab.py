@@ -64,6 +64,7 @@ def lab(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.owns_machine  # a real lab run: it measures under load
 def test_a_tiny_matrix_runs_end_to_end_and_reports_real_figures(tmp_path: Path) -> None:
     matrix = tmp_path / "tiny.toml"
     matrix.write_text(TINY_MATRIX)

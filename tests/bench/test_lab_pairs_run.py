@@ -15,10 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.lab.findings import findings
 from bench.lab.ladder import ladder
 from bench.lab.results import Results, climbed_steps
 from chatlab.harness import ROOT
+
+#: busy loops on both cores for a minute: alone, after the parallel tests
+pytestmark = pytest.mark.owns_machine
 
 CLEAN, REGRESSED, TWIN = "clean", "encode_per_recipient", "clean (A/A)"
 RATE = 1000.0

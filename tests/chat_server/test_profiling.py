@@ -35,6 +35,10 @@ def load(path: Path) -> dict[Func, tuple[int, int, float, float, dict]]:
     return pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
 
 
+#: where the history writer's group commit is (SqliteWriter.commit)
+WRITER = "chat_server/store/sqlite_commits.py"
+
+
 def calls(table: dict[Func, tuple], name: str, file_part: str = "") -> int:
     """Calls of the functions called ``name`` whose file contains ``file_part``."""
     return sum(
@@ -92,12 +96,12 @@ async def test_snapshots_hold_both_threads_each_in_its_own_window(
     # the event loop thread: the codec decoded every send
     assert calls(busy, "_decode_send", "chat_server/codecs/") == SENDS
     # the history writer thread: group commits
-    assert calls(busy, "_commit", "chat_server/store/sqlite.py") >= 1
+    assert calls(busy, "commit", WRITER) >= 1
     assert calls(busy, EXECUTEMANY) >= 2
     # a window taken idle holds none of the message path
     assert calls(idle, "_decode_send") == 0
     assert calls_in(idle, "chat_server/codecs/") < calls_in(busy, "chat_server/codecs/") / 10
-    assert calls(idle, "_commit") == 0
+    assert calls(idle, "commit", WRITER) == 0
     assert calls(idle, EXECUTEMANY) == 0
     # the last snapshot, at shutdown, has the writer's last window: it closed its connection
     assert calls(last, SQLITE_CLOSE) == 1
@@ -255,7 +259,7 @@ async def test_the_writer_thread_closes_its_window_when_asked_idle_or_busy(tmp_p
         write_snapshot(profilers, path)
         return load(path)
 
-    assert calls(table(busy, "busy"), "_commit") >= 1
-    assert calls(table(idle, "idle"), "_commit") == 0
+    assert calls(table(busy, "busy"), "commit", WRITER) >= 1
+    assert calls(table(idle, "idle"), "commit", WRITER) == 0
     assert calls(table(last, "last"), SQLITE_CLOSE) == 1
     assert store.stats().messages_committed == 20
