@@ -20,6 +20,7 @@ import pytest
 from chat_server.settings import TRANSPORTS
 from chatlab.postgres import PostgresProcess
 from tests.support import KeyPair, RedisClusterProcesses, RedisProcess, ServerProcess
+from tests.support.tls import ThrowawayCA, make_ca
 
 #: the transport of tests not marked ``transports``
 DEFAULT_TRANSPORT = os.environ.get("CHATLAB_TEST_TRANSPORT", "websockets")
@@ -134,3 +135,15 @@ def fresh_cluster(redis_cluster: RedisClusterProcesses) -> RedisClusterProcesses
     redis_cluster.wait_ok()
     redis_cluster.flush()
     return redis_cluster
+
+
+@pytest.fixture(scope="session")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> ThrowawayCA:
+    """A throwaway CA and a server certificate for 127.0.0.1 and localhost (TLS tests)."""
+    return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture(scope="session")
+def wrong_ca(tmp_path_factory: pytest.TempPathFactory) -> ThrowawayCA:
+    """Another CA, which :func:`ca`'s server certificate does not chain to."""
+    return make_ca(tmp_path_factory.mktemp("wrong-ca"), "another test CA")

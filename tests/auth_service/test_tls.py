@@ -25,21 +25,9 @@ from loadtest.auth import AuthClient
 from loadtest.seed import seed
 from tests.support import opens_chat
 from tests.support.auth import TEST_SETTINGS
-from tests.support.tls import ThrowawayCA, make_ca
+from tests.support.tls import ThrowawayCA
 
 PASSWORD = "correct horse"
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> ThrowawayCA:
-    """The CA the service's certificate chains to."""
-    return make_ca(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture(scope="module")
-def wrong_ca(tmp_path_factory: pytest.TempPathFactory) -> ThrowawayCA:
-    """Another CA, which the service's certificate does not chain to."""
-    return make_ca(tmp_path_factory.mktemp("wrong-ca"), "another test CA")
 
 
 def _tls(ca: ThrowawayCA) -> dict[str, str]:

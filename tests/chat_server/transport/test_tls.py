@@ -25,25 +25,13 @@ from chat_server.settings import SPECS, TRANSPORTS
 from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
 from chatlab.tls import client_context
 from tests.support import ROOT, KeyPair, ServerProcess, served
-from tests.support.tls import ThrowawayCA, make_ca
+from tests.support.tls import ThrowawayCA
 
 LOOPS = ("asyncio", "uvloop")
 COMBOS = [(transport, loop) for transport in TRANSPORTS for loop in LOOPS]
 IDS = [f"{transport}-{loop}" for transport, loop in COMBOS]
 #: room past the handshake bound for a loaded machine: a bound, not a timing
 SLACK_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> ThrowawayCA:
-    """The CA the servers' certificate chains to."""
-    return make_ca(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture(scope="module")
-def wrong_ca(tmp_path_factory: pytest.TempPathFactory) -> ThrowawayCA:
-    """Another CA, which the servers' certificate does not chain to."""
-    return make_ca(tmp_path_factory.mktemp("wrong-ca"), "another test CA")
 
 
 @pytest.fixture(scope="module")
