@@ -29,6 +29,7 @@ from tests.support import (
     opens_chat,
     wait_until,
 )
+from tests.support.prometheus import scrape_metrics
 
 
 class JwksServer:
@@ -233,14 +234,6 @@ def _healthz(server: ServerProcess) -> tuple[int, str]:
     return reply.status, reply.body.decode()
 
 
-def _metric(port: int, name: str) -> float:
-    text = http_request("GET", f"http://127.0.0.1:{port}/metrics", timeout_s=5).body.decode()
-    for line in text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in the metrics")
-
-
 async def test_a_stale_set_keeps_its_keys_and_says_so(start_server, jwks: JwksServer):
     metrics_port = free_port()
     server = start_server(
@@ -253,12 +246,12 @@ async def test_a_stale_set_keeps_its_keys_and_says_so(start_server, jwks: JwksSe
     status, body = _healthz(server)
     assert status == 200
     assert "jwks age" in body
-    assert _metric(metrics_port, "chat_jwks_max_age_seconds") == 2
+    assert scrape_metrics(metrics_port)["chat_jwks_max_age_seconds"] == 2
     jwks.answer = "[]"
     await wait_until(lambda: "stale" in _healthz(server)[1], 15, "/healthz says stale")
     assert _healthz(server)[0] == 200  # an auth outage is no chat outage
     assert await opens_chat(server, jwks.mint("k1"))  # availability: the keys held serve
-    assert _metric(metrics_port, "chat_jwks_age_seconds") > 2
+    assert scrape_metrics(metrics_port)["chat_jwks_age_seconds"] > 2
     await wait_until(lambda: "JWK set stale" in server.log(), 10, "the stale set logged")
     jwks.answer = "set"
     await wait_until(lambda: "stale" not in _healthz(server)[1], 15, "fresh again")

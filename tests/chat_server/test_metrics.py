@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
 from tests.support import Client, KeyPair, RedisProcess, ServerProcess, free_port, wait_until
+from tests.support.prometheus import scrape_metrics
 from tests.support.workers import (
     WORKER_HEADER,
     Inbox,
@@ -29,18 +30,6 @@ from tests.support.workers import (
     start_workers,
     worker_replaced,
 )
-
-
-def _scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = response.read().decode()
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
 
 
 async def _alice_in(
@@ -77,7 +66,7 @@ async def _rounds_until(
         for _ in range(size):
             await client.expect(Ack, skip=(Message,))
         await asyncio.sleep(pause_s)  # a round's pace: the checkpointer looks meanwhile
-        samples = _scrape(metrics_port)
+        samples = scrape_metrics(metrics_port)
         if reached(samples):
             break
     return samples
@@ -99,7 +88,7 @@ async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: 
     await alice.send_raw("{broken")
     assert (await alice.expect(Error, skip=(Message,))).code == "bad_request"
 
-    samples = _scrape(metrics_port)
+    samples = scrape_metrics(metrics_port)
     assert samples["chat_connections"] == 2
     assert samples["chat_rooms"] == 1
     assert samples["chat_frames_in_total"] == 2 + 10 + 1  # joins, sends, the broken frame
@@ -125,7 +114,9 @@ async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: 
     # far from a restart (16 checkpoints' worth of frames): the series is there, at 0
     assert samples["chat_wal_restarts_total"] == 0
     await wait_until(
-        lambda: _scrape(metrics_port)["chat_wal_file_bytes"] > 0, 10, "the WAL's size scraped"
+        lambda: scrape_metrics(metrics_port)["chat_wal_file_bytes"] > 0,
+        10,
+        "the WAL's size scraped",
     )
     assert samples["chat_errors_total{code=unavailable}"] == 0
     assert samples["chat_errors_total{code=rate_limited}"] == 0
@@ -201,7 +192,7 @@ async def _scrape_until(
 
     def reached() -> dict[str, float] | None:
         nonlocal samples
-        samples = _scrape(port)
+        samples = scrape_metrics(port)
         for name, value in (floor or {}).items():
             assert samples.get(name, 0) >= value, f"{name} went back: {samples.get(name)} < {value}"
         return samples if all(samples.get(k) == v for k, v in want.items()) else None
@@ -365,7 +356,7 @@ async def test_two_workers_serve_the_families_of_one_process(
     assert len(two) == len(shape(texts["two"])) - 3 and two == one
     assert shape(texts["one on redis"]) == shape(texts["two"])
     for name in ("two", "one on redis"):
-        samples = _scrape(ports[name])
+        samples = scrape_metrics(ports[name])
         assert samples["chat_redis_primaries_short_of_replicas"] == 0
         assert samples["chat_redis_primaries_unreachable"] == 0
         assert samples["chat_redis_node_busy_total"] == 0

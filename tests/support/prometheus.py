@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from chatlab.harness import (
     ROOT,
@@ -115,3 +116,17 @@ class Observed:
     metrics_port: int
     #: what stopped the traffic, if anything did
     traffic_failures: list[BaseException]
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """A process's ``/metrics`` on ``port``, each sample by name (and its labels, sorted,
+    as ``name{k=v,...}``); the exposition's content type is checked on the way."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples

@@ -27,12 +27,10 @@ import itertools
 import math
 import os
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from redis.crc import key_slot
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
@@ -59,6 +57,7 @@ from tests.support import (
     stored_history,
     wait_until,
 )
+from tests.support.prometheus import scrape_metrics
 from tests.support.workers import Inbox, connect_to, start_workers
 
 #: rooms on each primary (the first primary's are the faulted shard's)
@@ -474,17 +473,6 @@ async def test_a_sigterm_drain_with_one_shard_frozen_answers_every_send_and_hold
         cluster.wait_ok()
 
 
-def _metric(port: int, name: str) -> float:
-    """One series' value on the process's /metrics (0 when it is not there)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and not sample.labels:
-                return sample.value
-    return 0.0
-
-
 async def test_a_burst_of_reads_waits_its_turn_and_never_refuses_anyone_elses_sends(
     start_server: Callable[..., ServerProcess], fresh_cluster: RedisClusterProcesses, keys: KeyPair
 ):
@@ -528,8 +516,8 @@ async def test_a_burst_of_reads_waits_its_turn_and_never_refuses_anyone_elses_se
     assert 0 < len(refused) < burst  # the bound held, and reads were served meanwhile
     # each refusal is counted where an operator sees it (workers publish every second)
     await wait_until(
-        lambda: _metric(metrics_port, "chat_redis_node_busy_total") >= len(refused),
+        lambda: scrape_metrics(metrics_port).get("chat_redis_node_busy_total", 0) >= len(refused),
         what="chat_redis_node_busy_total counted the refused reads",
     )
-    assert _metric(metrics_port, "chat_redis_primaries_unreachable") == 0
+    assert scrape_metrics(metrics_port)["chat_redis_primaries_unreachable"] == 0
     assert server.stop() == 0
