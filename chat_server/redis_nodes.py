@@ -255,8 +255,8 @@ class OneRedis:
 @functools.lru_cache(maxsize=1 << 16)
 def slot_of(channel: str) -> int:
     """The cluster slot of ``channel``, remembered: it never changes for a name, and
-    redis-py's CRC16 is a Python loop of about a microsecond that every send asked for
-    three times (its submit, its batch, its node's share)."""
+    redis-py's CRC16 is a Python loop over the name's bytes that every send would ask
+    for three times (its submit, its batch, its node's share)."""
     return key_slot(channel.encode())
 
 
