@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 
-#: the chat server's settings (``chat_server/settings.py``)
+#: the chat server's settings (``chat_server/settings/``)
 CHAT_SERVER = frozenset(
     {
         "AUTH_INLINE_PORT",
