@@ -42,6 +42,7 @@ from auth_service.ratelimit import KnownAddresses, TokenBuckets
 from auth_service.settings import Settings
 from auth_service.tokens import KeySource, TokenIssuer
 from auth_service.users import Users, username_key
+from chatlab.forwarded import FORWARDED_FOR, TrustedProxies, client_address
 
 log = logging.getLogger("auth_service.app")
 
@@ -79,6 +80,8 @@ class Limits:
     registrations_per_client: TokenBuckets
     failed_logins_per_user_client: TokenBuckets
     known_addresses: KnownAddresses
+    #: TRUSTED_PROXIES: whose X-Forwarded-For names the client (chatlab.forwarded)
+    trusted_proxies: TrustedProxies = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -102,6 +105,17 @@ class Limits:
                 keys_max,
             ),
             KnownAddresses(KNOWN_ADDRESSES_PER_USER, KNOWN_ADDRESS_S, keys_max),
+            settings.trusted_proxies,
+        )
+
+    def client(self, request: Request) -> str:
+        """The request's client address: its peer's, or behind a proxy in
+        ``TRUSTED_PROXIES`` the one its ``X-Forwarded-For`` names
+        (:func:`chatlab.forwarded.client_address`)."""
+        if request.client is None:
+            return "unknown"
+        return client_address(
+            request.client.host, request.headers.getlist(FORWARDED_FOR), self.trusted_proxies
         )
 
 
@@ -138,7 +152,7 @@ class AuthAPI:
 
     async def register(self, request: Request) -> JSONResponse:
         """``POST /register``: 201 ``{"username"}`` once the user is committed."""
-        _draw(self.limits.registrations_per_client, _client(request), "registrations")
+        _draw(self.limits.registrations_per_client, self.limits.client(request), "registrations")
         username, password = await _credentials(request)
         check_username(username)
         check_password(password)
@@ -150,7 +164,7 @@ class AuthAPI:
 
     async def login(self, request: Request) -> JSONResponse:
         """``POST /login``: 200 with a Bearer token, or 401 with one body for every failure."""
-        client = _client(request)
+        client = self.limits.client(request)
         _draw(self.limits.logins_per_client, client, "logins")
         username, password = await _credentials(request)
         try:
@@ -287,11 +301,6 @@ def create_app(api: AuthAPI, cors_origins: tuple[str, ...] = ()) -> Starlette:
 # ---- helpers ---------------------------------------------------------------------------
 
 
-def _client(request: Request) -> str:
-    """The client's address (the peer's: forwarded headers are not trusted)."""
-    return request.client.host if request.client is not None else "unknown"
-
-
 def _draw(buckets: TokenBuckets, key: str, what: str) -> None:
     wait_s = buckets.take(key, time.monotonic())
     if wait_s > 0:
@@ -392,8 +401,9 @@ def server_config(
         log_config=None,
         access_log=False,
         server_header=False,
-        # the peer's address is the client: X-Forwarded-For would let anyone choose the
-        # address the per-client rate limits count against
+        # uvicorn rewrites nothing: the client address is resolved once, by the rule both
+        # services share (Limits.client, chatlab.forwarded), believing X-Forwarded-For
+        # from TRUSTED_PROXIES only; uvicorn's own would trust 127.0.0.1 by default
         proxy_headers=False,
         # uvicorn's Config types it int; it only passes it to loop.call_later
         timeout_keep_alive=idle_timeout_s,  # type: ignore[arg-type]

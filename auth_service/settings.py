@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import argon2
 
+from chatlab.forwarded import TRUSTED_PROXIES_SPEC, TrustedProxies
 from chatlab.log_redaction import redact
 from chatlab.settings import (
     SettingError,
@@ -96,6 +97,7 @@ SPECS: tuple[Spec, ...] = (
         "port of the HTTP API (and of GET /metrics, Prometheus)",
     ),
     *TLS_SERVER_SPECS,
+    TRUSTED_PROXIES_SPEC,
     Spec(
         "AUTH_DB",
         "auth_db",
@@ -321,6 +323,7 @@ class Settings(SpecSettings):
     port: int
     tls_cert_file: str
     tls_key_file: str
+    trusted_proxies: TrustedProxies
     auth_db: str
     auth_db_url: str
     auth_db_pool_max: int

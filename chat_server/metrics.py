@@ -81,6 +81,10 @@ OUTBOUND_BYTES = (
     "bytes the server holds for its connections (transport write buffers)",
 )
 SLOW_CONSUMER_CLOSES = ("chat_slow_consumer_closes", "connections closed with 1013 slow consumer")
+ADDRESS_REFUSALS = (
+    "chat_address_refusals",
+    "upgrades answered 503 because their client address held MAX_CONNECTIONS_PER_ADDRESS",
+)
 ACK_LATENCY_MS = (
     "chat_ack_latency_ms",
     "from accepting a send to sending its ack (durable), in ms",
@@ -230,6 +234,7 @@ class ChatCollector:
         yield errors
         yield GaugeMetricFamily(*OUTBOUND_BYTES, value=state["outbound_bytes"])
         yield CounterMetricFamily(*SLOW_CONSUMER_CLOSES, value=state["slow_consumer_closes"])
+        yield CounterMetricFamily(*ADDRESS_REFUSALS, value=state["address_refusals"])
         yield _plain_histogram(*ACK_LATENCY_MS, self._counters.ack_latency)
         store = state["store"]
         sizes = store["batch_sizes"]  # power of two k -> batches of size [k, 2k)
@@ -398,6 +403,7 @@ class MetricsPublisher:
         for code in ALL_ERROR_CODES:  # every code from start, at zero, as with one process
             self._errors.labels(code)
         self._slow_consumer_closes = Counter(*SLOW_CONSUMER_CLOSES, registry=None)
+        self._address_refusals = Counter(*ADDRESS_REFUSALS, registry=None)
         self._ack_latency = Histogram(
             *ACK_LATENCY_MS, registry=None, buckets=ACK_LATENCY_BUCKETS_MS
         )
@@ -471,6 +477,7 @@ class MetricsPublisher:
         self._grow(self._frames_in, "frames_in", counters.frames_in)
         self._grow(self._frames_out, "frames_out", state["frames_out"])
         self._grow(self._slow_consumer_closes, "slow_consumer", state["slow_consumer_closes"])
+        self._grow(self._address_refusals, "address_refusals", state["address_refusals"])
         for code, count in state["errors"].items():
             self._grow(self._errors.labels(code), f"errors {code}", count)
         store = state["store"]

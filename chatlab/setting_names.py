@@ -49,6 +49,7 @@ CHAT_SERVER = frozenset(
         "LOG_LEVEL",
         "MAX_BODY_CHARS",
         "MAX_CONNECTIONS",
+        "MAX_CONNECTIONS_PER_ADDRESS",
         "MAX_FRAME_BYTES",
         "MAX_HISTORY_BYTES",
         "MAX_OUTBOUND_BYTES",
@@ -82,6 +83,7 @@ CHAT_SERVER = frozenset(
         "TLS_CERT_FILE",
         "TLS_KEY_FILE",
         "TRANSPORT",
+        "TRUSTED_PROXIES",
         "WORKERS",
         "WS_DEFLATE",
     }
@@ -126,6 +128,7 @@ AUTH_SERVICE = frozenset(
         "TLS_CERT_FILE",
         "TLS_KEY_FILE",
         "TOKEN_TTL_S",
+        "TRUSTED_PROXIES",
     }
 )
 

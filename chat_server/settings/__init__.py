@@ -32,6 +32,7 @@ from chat_server.settings.storage import (
     redis_location,
 )
 from chat_server.store.sqlite_policy import commit_place
+from chatlab.forwarded import TrustedProxies
 from chatlab.settings import SettingError, Spec, SpecSettings, specs_help
 from chatlab.tls import check_ca_file, server_context
 
@@ -65,6 +66,7 @@ class Settings(SpecSettings):
     port: int
     tls_cert_file: str
     tls_key_file: str
+    trusted_proxies: TrustedProxies
     tls_ca_file: str
     serializer: str
     event_loop: str
@@ -120,6 +122,7 @@ class Settings(SpecSettings):
     max_history_bytes: int
     history_max: int
     max_connections: int
+    max_connections_per_address: int
     transport: str
     regression: str
     auth_inline_port: int

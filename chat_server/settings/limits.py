@@ -8,6 +8,11 @@ from __future__ import annotations
 from chat_server.core.chat import MAX_ROOMS_PER_CONNECTION_DEFAULT
 from chatlab.settings import Spec, integer, number
 
+#: MAX_CONNECTIONS_PER_ADDRESS's default: far above what one person opens (a connection
+#: per browser tab), so an office or campus behind one NAT address is served, and still
+#: 1/39 of MAX_CONNECTIONS' default, so no one address takes a process' every connection
+MAX_CONNECTIONS_PER_ADDRESS_DEFAULT = 256
+
 LIMITS_SPECS: tuple[Spec, ...] = (
     Spec(
         "MAX_FRAME_BYTES",
@@ -89,6 +94,14 @@ LIMITS_SPECS: tuple[Spec, ...] = (
         "10000",
         integer(1),
         "open connections; past it the handshake gets 503; sizes the open-files limit",
+    ),
+    Spec(
+        "MAX_CONNECTIONS_PER_ADDRESS",
+        "max_connections_per_address",
+        str(MAX_CONNECTIONS_PER_ADDRESS_DEFAULT),
+        integer(0),
+        "open connections from one client address (behind a proxy in TRUSTED_PROXIES: the"
+        " address its X-Forwarded-For names); past it the handshake gets 503 (0: no bound)",
     ),
     Spec(
         "CLOSE_TIMEOUT_S",

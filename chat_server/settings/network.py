@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from chatlab.forwarded import TRUSTED_PROXIES_SPEC
 from chatlab.settings import Spec, http_urls, integer, optional_text, text
 from chatlab.tls import TLS_SERVER_SPECS
 
@@ -15,6 +16,7 @@ NETWORK_SPECS: tuple[Spec, ...] = (
         "port of the websocket path /ws and /healthz",
     ),
     *TLS_SERVER_SPECS,
+    TRUSTED_PROXIES_SPEC,
     Spec(
         "TLS_CA_FILE",
         "tls_ca_file",

@@ -8,7 +8,8 @@ instead, on a non-blocking listening socket watched with ``loop.add_reader``, an
 only while :func:`~chat_server.limits.may_accept` says a descriptor stays free for
 the connection and its answer; the rest wait in the listen backlog, answered (101,
 or 503 past the admitted connections) as descriptors free up. Each accepted socket
-goes to the transport through ``loop.connect_accepted_socket``, public on both
+goes, with its peer's address as ``accept()`` gave it, to the transport through
+``loop.connect_accepted_socket``, public on both
 asyncio and uvloop; with ``TLS_CERT_FILE`` set it is given the server's
 ``ssl.SSLContext`` there, so the loop's own SSL transport (asyncio's or uvloop's)
 carries the connection, and the TLS handshake is bounded by what is left of
@@ -55,7 +56,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _FD_DIR = "/proc/self/fd"
 
-ProtocolFactory = Callable[[], asyncio.BaseProtocol]
+#: builds a connection's protocol given its peer's address (the IP, as ``accept()`` gives it)
+PeerProtocolFactory = Callable[[str], asyncio.BaseProtocol]
 
 
 def listening_socket(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
@@ -89,17 +91,18 @@ def count_open_descriptors() -> int:
 
 
 class Acceptor:
-    """Accepts connections on ``sock`` while descriptors remain, each into ``factory``'s protocol.
+    """Accepts connections on ``sock`` while descriptors remain, each into the protocol
+    ``factory`` builds for its peer's address.
 
-    Open descriptors are counted from ``/proc`` only when the running estimate
-    (the last count plus the sockets accepted since) says the limit is near, so
-    accepting costs one ``accept()`` and a task that sets the connection up.
+        Open descriptors are counted from ``/proc`` only when the running estimate
+        (the last count plus the sockets accepted since) says the limit is near, so
+        accepting costs one ``accept()`` and a task that sets the connection up.
     """
 
     def __init__(
         self,
         sock: socket.socket,
-        factory: ProtocolFactory,
+        factory: PeerProtocolFactory,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.sock = sock
@@ -159,7 +162,7 @@ class Acceptor:
                 self._hold("the open-files limit is near")
                 return
             try:
-                conn, _ = self.sock.accept()
+                conn, address = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionAbortedError:
@@ -175,18 +178,23 @@ class Acceptor:
             conn.setblocking(False)
             with contextlib.suppress(OSError):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            task = loop.create_task(self._set_up(conn))
+            task = loop.create_task(self._set_up(conn, address[0]))
             self._setting_up.add(task)
             task.add_done_callback(self._setting_up.discard)
 
-    async def _set_up(self, conn: socket.socket) -> None:
+    async def _set_up(self, conn: socket.socket, peer: str) -> None:
         assert self._loop is not None
+        factory = self._factory
+
+        def protocol() -> asyncio.BaseProtocol:
+            return factory(peer)
+
         try:
             if self._ssl is None:
-                await self._loop.connect_accepted_socket(self._factory, conn)
+                await self._loop.connect_accepted_socket(protocol, conn)
             else:
                 await self._loop.connect_accepted_socket(
-                    self._factory, conn, ssl=self._ssl, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
+                    protocol, conn, ssl=self._ssl, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S
                 )
         except OSError as exc:
             # the client left before its transport was made, or its TLS handshake failed
@@ -223,9 +231,10 @@ class Acceptor:
 class MethodGate(asyncio.Protocol):
     """A connection's first bytes, before the websocket library sees them.
 
-    A ``GET`` request goes on to the protocol ``make_protocol`` builds, with the bytes
-    read so far; that protocol then owns the transport. Any other method gets
-    ``refuse(method, target)``'s answer (405). After it the write side is shut and
+    A ``GET`` request goes on to the protocol ``make_protocol`` builds for ``peer`` (the
+    address the connection was accepted from), with the bytes read so far; that protocol
+    then owns the transport. Any other method gets ``refuse(method, target)``'s answer
+    (405). After it the write side is shut and
     what the client still sends (a body) is read and dropped until it closes or
     :data:`HANDSHAKE_TIMEOUT_S` passes, so the answer is not lost to a TCP reset. A
     client that sends nothing within :data:`HANDSHAKE_TIMEOUT_S` of its accept (a TLS
@@ -236,14 +245,18 @@ class MethodGate(asyncio.Protocol):
         "_deadline",
         "_head",
         "_make_protocol",
+        "_peer",
         "_refuse",
         "_refused",
         "_timer",
         "_transport",
     )
 
-    def __init__(self, make_protocol: ProtocolFactory, refuse: Callable[[str, str], bytes]) -> None:
+    def __init__(
+        self, make_protocol: PeerProtocolFactory, refuse: Callable[[str, str], bytes], peer: str
+    ) -> None:
         self._make_protocol = make_protocol
+        self._peer = peer
         self._refuse = refuse
         self._head = b""
         self._transport: asyncio.Transport | None = None
@@ -265,7 +278,7 @@ class MethodGate(asyncio.Protocol):
         assert transport is not None and self._timer is not None
         if head.startswith(b"GET "):
             self._timer.cancel()
-            hand_over(transport, self._make_protocol(), head)
+            hand_over(transport, self._make_protocol(self._peer), head)
             return
         if b"\n" not in head and len(head) < 8192:
             return  # wait for the whole request line

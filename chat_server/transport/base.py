@@ -42,6 +42,7 @@ from chat_server.settings import Settings
 from chat_server.transport.accept import Acceptor, MethodGate, listening_socket
 from chat_server.transport.deflate import Framing, SharedCompressor, deflated_frame
 from chat_server.web import WebSite
+from chatlab.forwarded import client_address
 from chatlab.tls import server_context
 
 if TYPE_CHECKING:
@@ -119,8 +120,8 @@ class ServerTransport(ABC):
         self._acceptor: Acceptor | None = None
 
     @abstractmethod
-    def connection_protocol(self) -> asyncio.BaseProtocol:
-        """The protocol a connection whose request is a GET goes on to."""
+    def connection_protocol(self, peer: str) -> asyncio.BaseProtocol:
+        """The protocol a connection from ``peer`` whose request is a GET goes on to."""
 
     async def start(self) -> None:
         """Listen and accept; raise OSError if the address cannot be bound."""
@@ -131,8 +132,8 @@ class ServerTransport(ABC):
         self._acceptor = Acceptor(sock, self._gate, self.ssl_context)
         self._acceptor.start()
 
-    def _gate(self) -> MethodGate:
-        return MethodGate(self.connection_protocol, self._refuse_method)
+    def _gate(self, peer: str) -> MethodGate:
+        return MethodGate(self.connection_protocol, self._refuse_method, peer)
 
     def _refuse_method(self, method: str, target: str) -> bytes:
         """The HTTP answer (405, as Admission decides it) to a request that is not a GET."""
@@ -323,6 +324,8 @@ class Admitted:
 
     user: str
     subprotocol: str | None
+    #: the client's address: the peer's, or behind a trusted proxy the forwarded one
+    client: str = ""
 
 
 class Admission:
@@ -333,7 +336,9 @@ class Admission:
     ready until all are), ``/stats`` the counters as JSON (with
     ``EXPOSE_INTERNALS=on`` only: they name the host and its pids), ``/`` and its files the
     web chat page (:mod:`chat_server.web`); any other path but ``/ws`` is 404. An
-    upgrade on ``/ws`` is refused with 503 while draining or past ``MAX_CONNECTIONS``,
+    upgrade on ``/ws`` is refused with 503 while draining, past ``MAX_CONNECTIONS``, or
+    when its client address (the peer's, or behind a proxy in ``TRUSTED_PROXIES`` the one
+    its ``X-Forwarded-For`` names) holds ``MAX_CONNECTIONS_PER_ADDRESS`` already,
     then with 401 for a missing or bad token (from ``Authorization: Bearer`` or
     ``?token=``), then with 400 when the client offers subprotocols and none is the
     codec's: 401 is decided before 400.
@@ -356,14 +361,26 @@ class Admission:
         self.unready: Callable[[], str | None] = _ready
         #: the web chat page's files (``GET /`` and what it loads)
         self.site = WebSite(settings.auth_public_url, codec.subprotocol)
+        #: open connections by client address, against MAX_CONNECTIONS_PER_ADDRESS
+        self.addresses = ConnectionsPerAddress(settings.max_connections_per_address)
+        self._trusted_proxies = settings.trusted_proxies
 
     def decide(
-        self, target: str, authorization: str | None, offered: Iterable[str], method: str = "GET"
+        self,
+        target: str,
+        authorization: str | None,
+        offered: Iterable[str],
+        method: str = "GET",
+        *,
+        peer: str = "",
+        forwarded_for: Iterable[str] = (),
     ) -> Reply | Admitted:
         """Answer a request for ``target`` (path and query) with these headers' values.
 
         ``offered`` holds the values of every ``Sec-WebSocket-Protocol`` header,
-        each possibly a comma-separated list; ``method`` is the request's.
+        each possibly a comma-separated list; ``method`` is the request's; ``peer`` is
+        the address the connection came from and ``forwarded_for`` the values of every
+        ``X-Forwarded-For`` header (believed from ``TRUSTED_PROXIES`` only).
         """
         if method != "GET":
             return Reply(
@@ -393,6 +410,12 @@ class Admission:
                 HTTPStatus.SERVICE_UNAVAILABLE,
                 "too many connections (MAX_CONNECTIONS, or the open-files limit)\n",
             )
+        client = client_address(peer, forwarded_for, self._trusted_proxies)
+        if self.addresses.full(client):
+            return Reply(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "too many connections from your address (MAX_CONNECTIONS_PER_ADDRESS)\n",
+            )
         token = _bearer_token(authorization) or _query_token(url.query)
         if token is None:
             return Reply(
@@ -410,7 +433,7 @@ class Admission:
                 HTTPStatus.BAD_REQUEST,
                 f"unsupported subprotocol: this server speaks {self.subprotocol}\n",
             )
-        return Admitted(user, self.subprotocol if protocols else None)
+        return Admitted(user, self.subprotocol if protocols else None, client)
 
     def stats_snapshot(self) -> dict[str, Any]:
         """The service's counters plus the transport's outbound accounting."""
@@ -423,6 +446,7 @@ class Admission:
             "partial_bytes": self.outbound.partial_bytes,
             "peak_partial_bytes": self.outbound.peak_partial_bytes,
             "partial_closes": self.outbound.partial_closes,
+            "address_refusals": self.addresses.refusals,
         }
 
     def metrics_snapshot(self, outbound_bytes: int) -> dict[str, Any]:
@@ -435,8 +459,47 @@ class Admission:
             "errors": service.errors_sent(),
             "outbound_bytes": outbound_bytes,
             "slow_consumer_closes": self.outbound.slow_consumer_closes,
+            "address_refusals": self.addresses.refusals,
             "store": dataclasses.asdict(service.store_stats()),
         }
+
+
+class ConnectionsPerAddress:
+    """Open connections by client address, bounded by ``MAX_CONNECTIONS_PER_ADDRESS``
+    (0: no bound). A connection counts from its upgrade (:meth:`opened`) until it is
+    gone (:meth:`closed`); an address with none is forgotten, so it holds at most one
+    entry per open connection."""
+
+    __slots__ = ("_open", "bound", "refusals")
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._open: dict[str, int] = {}
+        #: upgrades refused because their address was full
+        self.refusals = 0
+
+    def full(self, client: str) -> bool:
+        """Whether ``client`` holds the bound already (counted as a refusal when so)."""
+        if self.bound and self._open.get(client, 0) >= self.bound:
+            self.refusals += 1
+            return True
+        return False
+
+    def opened(self, client: str) -> None:
+        """A connection from ``client`` was upgraded."""
+        self._open[client] = self._open.get(client, 0) + 1
+
+    def closed(self, client: str) -> None:
+        """A connection :meth:`opened` from ``client`` is gone."""
+        left = self._open[client] - 1
+        if left:
+            self._open[client] = left
+        else:
+            del self._open[client]
+
+    def count(self, client: str) -> int:
+        """Connections open from ``client``."""
+        return self._open.get(client, 0)
 
 
 #: RFC 6750's challenge on a 401: no token, or a token refused

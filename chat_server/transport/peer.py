@@ -84,6 +84,7 @@ PEER_SLOTS = (
     "_partial_timer",
     "_pong_due",
     "_spare_bytes",
+    "client",
     "closing",
     "framing",
     "owner",
@@ -104,6 +105,9 @@ class ChatPeer:
     session: Session | None
     #: the TCP transport under the websocket (its write buffer is the one accounted)
     tcp: asyncio.Transport | None
+    #: the client's address (its connection counts against MAX_CONNECTIONS_PER_ADDRESS
+    #: from the upgrade until it is gone); empty before the upgrade
+    client: str
     #: a close frame was sent or received, or the connection is gone: nothing more is
     #: written or delivered
     closing: bool
@@ -134,6 +138,7 @@ class ChatPeer:
         self.owner = owner
         self.session = None
         self.tcp = None
+        self.client = ""
         self.closing = False
         self.paused = False
         self.framing = PLAIN
@@ -261,8 +266,9 @@ class ChatPeer:
 
     # ---- what the transport reports -----------------------------------------------------
 
-    def _opened(self, user: str) -> None:
-        """The upgrade is done (``tcp`` is set): the connection joins the service."""
+    def _opened(self, user: str, client: str) -> None:
+        """The upgrade is done (``tcp`` is set): the connection joins the service and
+        counts against ``client``'s address."""
         owner = self.owner
         tcp = self.tcp
         assert tcp is not None
@@ -270,6 +276,10 @@ class ChatPeer:
         bound_send_buffer(tcp, owner.settings.socket_send_buffer_bytes)
         owner.peers.add(self)
         self.session = owner.service.open(user, self.send, self.send_paced, self.close)
+        # counted with the session: _gone releases both
+        self.client = client
+        owner.admission.addresses.opened(client)
+        log.debug("connection from %s opened for %s", client, user)
         if owner.settings.ping_interval_s:
             self._keepalive = owner.loop.call_later(owner.settings.ping_interval_s, self._ping)
 
@@ -435,6 +445,8 @@ class ChatPeer:
         owner = self.owner
         if self.session is not None:
             owner.peers.discard(self)
+            owner.admission.addresses.closed(self.client)
+            log.debug("connection from %s for %s closed", self.client, self.session.user)
             owner.service.disconnect(self.session)
             self.session = None
             if not owner.peers:

@@ -31,6 +31,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from picows import (
@@ -71,6 +72,7 @@ from chat_server.transport.deflate import (
     answer_offers,
 )
 from chat_server.transport.peer import ChatPeer
+from chatlab.forwarded import FORWARDED_FOR
 
 if TYPE_CHECKING:
     from chat_server.service import ChatService
@@ -99,9 +101,10 @@ class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
     the client (RSV1 on its first frame) is inflated by an inflater that lives only while
     that message is read."""
 
-    def __init__(self, owner: PicowsTransport, user: str, framing: Framing) -> None:
+    def __init__(self, owner: PicowsTransport, user: str, framing: Framing, client: str) -> None:
         super().__init__(owner)
         self.user = user
+        self._client = client
         self._ws: WSTransport | None = None
         self._take_framing(framing)
         self._inflates = framing is Framing.SHARED_DEFLATE
@@ -110,7 +113,7 @@ class PicowsPeer(ChatPeer, WSListener):  # type: ignore[misc]
     def on_ws_connected(self, transport: WSTransport) -> None:
         self._ws = transport
         self.tcp = transport.underlying_transport
-        self._opened(self.user)
+        self._opened(self.user, self._client)
 
     def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
         kind = frame.msg_type
@@ -227,11 +230,12 @@ class PicowsTransport(ServerTransport):
         self._headers = dict(self.worker_headers)
         self._shared_deflate = self.negotiated_framing is Framing.SHARED_DEFLATE
 
-    def connection_protocol(self) -> asyncio.BufferedProtocol:
-        """picows' server protocol for a connection, with :meth:`_route` as its router."""
-        return server_protocol(self._route, self.settings.max_frame_bytes)
+    def connection_protocol(self, peer: str) -> asyncio.BufferedProtocol:
+        """picows' server protocol for a connection from ``peer``, with :meth:`_route` as
+        its router."""
+        return server_protocol(partial(self._route, peer), self.settings.max_frame_bytes)
 
-    def _route(self, request: WSUpgradeRequest) -> WSUpgradeResponseWithListener:
+    def _route(self, peer: str, request: WSUpgradeRequest) -> WSUpgradeResponseWithListener:
         """picows' listener factory: an HTTP answer, or the upgrade with its listener."""
         headers = request.headers
         decision = self.admission.decide(
@@ -239,6 +243,8 @@ class PicowsTransport(ServerTransport):
             headers.get("Authorization"),
             headers.getall("Sec-WebSocket-Protocol", ()),
             request.method.decode("latin-1"),
+            peer=peer,
+            forwarded_for=headers.getall(FORWARDED_FOR, ()),
         )
         if isinstance(decision, Admitted):
             extra = self._headers
@@ -253,8 +259,10 @@ class PicowsTransport(ServerTransport):
             if deflate is not None:
                 extra = {**extra, "Sec-WebSocket-Extensions": deflate}
                 framing = self.negotiated_framing
-            peer = PicowsPeer(self, decision.user, framing)
-            return WSUpgradeResponseWithListener(WSUpgradeResponse.create_101_response(extra), peer)
+            listener = PicowsPeer(self, decision.user, framing, decision.client)
+            return WSUpgradeResponseWithListener(
+                WSUpgradeResponse.create_101_response(extra), listener
+            )
         extra = {**self._headers, "Content-Type": decision.content_type, **dict(decision.headers)}
         body = decision.body.encode()
         response = (

@@ -50,6 +50,7 @@ from chat_server.transport.deflate import (
     negotiate,
 )
 from chat_server.transport.peer import PEER_SLOTS, ChatPeer
+from chatlab.forwarded import FORWARDED_FOR
 
 # websockets logs every connection's open and close at INFO: one line per connection
 # is noise under load, so its own logger starts at WARNING (LOG_LEVEL=debug shows it).
@@ -69,10 +70,12 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
     """One connection's asyncio protocol: websockets' ``ServerProtocol`` for the wire,
     :class:`ChatPeer` for the rest."""
 
-    __slots__ = (*PEER_SLOTS, "_deflate", "_handshake_timer", "_protocol")
+    __slots__ = (*PEER_SLOTS, "_deflate", "_handshake_timer", "_peer", "_protocol")
 
-    def __init__(self, owner: WebsocketsTransport) -> None:
+    def __init__(self, owner: WebsocketsTransport, peer: str) -> None:
         super().__init__(owner)
+        #: the address the connection was accepted from
+        self._peer = peer
         self._protocol = ServerProtocol(
             extensions=owner.extensions,
             select_subprotocol=owner.select_subprotocol,
@@ -193,6 +196,8 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
             request.path,
             authorization[0] if authorization else None,
             headers.get_all("Sec-WebSocket-Protocol"),
+            peer=self._peer,
+            forwarded_for=headers.get_all(FORWARDED_FOR),
         )
         protocol = self._protocol
         if isinstance(decision, Admitted):
@@ -209,7 +214,7 @@ class WebsocketsConnection(ChatPeer, asyncio.Protocol):
                 self._take_framing(owner.negotiated_framing)
             self._send_pending()  # the 101 before the welcome
             assert isinstance(decision, Admitted)
-            self._opened(decision.user)
+            self._opened(decision.user, decision.client)
 
     def _leaving_open(self) -> None:
         """The protocol left OPEN (or never got there): close or wait as it says."""
@@ -242,9 +247,9 @@ class WebsocketsTransport(ServerTransport):
         #: to the protocol, so it is a plain function
         self.select_subprotocol = _subprotocol_selector(self.codec.subprotocol)
 
-    def connection_protocol(self) -> WebsocketsConnection:
+    def connection_protocol(self, peer: str) -> WebsocketsConnection:
         """A connection's protocol, once its request is a GET."""
-        return WebsocketsConnection(self)
+        return WebsocketsConnection(self, peer)
 
 
 def permessage_deflate(window_bits: int = 12, mem_level: int = 5) -> ServerPerMessageDeflateFactory:

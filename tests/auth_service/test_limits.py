@@ -127,3 +127,41 @@ def test_an_attacker_guessing_cannot_lock_the_owner_out(start_auth: Callable[...
     assert 5 <= attacker[401] <= 8, attacker
     assert attacker[429] >= 20, attacker
     assert set(attacker) == {401, 429}, attacker
+
+
+def _register_from(
+    auth: AuthProcess, address: str, username: str, forwarded_for: str | None = None
+) -> int:
+    """POST /register from the local ``address``, with ``X-Forwarded-For`` when given."""
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", auth.port, timeout=30, source_address=(address, 0)
+    )
+    headers = {"Content-Type": "application/json"}
+    if forwarded_for is not None:
+        headers["X-Forwarded-For"] = forwarded_for
+    try:
+        body = json.dumps({"username": username, "password": PASSWORD})
+        conn.request("POST", "/register", body, headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_clients_behind_a_trusted_proxy_are_limited_apart_and_a_forged_header_is_not_believed(
+    start_auth: Callable[..., AuthProcess],
+):
+    # 127.0.0.1 is the proxy; one registration per client address at once
+    auth = start_auth(
+        trusted_proxies="127.0.0.1",
+        register_rate_per_client_per_min=1,
+        register_burst_per_client=1,
+    )
+    office, home = "203.0.113.7", "198.51.100.9"
+    assert _register_from(auth, OWNER, "office_one", office) == 201
+    assert _register_from(auth, OWNER, "office_two", office) == 429
+    assert _register_from(auth, OWNER, "office_three", f"{office}, 127.0.0.1") == 429  # a chain
+    assert _register_from(auth, OWNER, "home_one", home) == 201  # limited apart
+    assert _register_from(auth, OWNER, "proxy_itself") == 201  # no header: the proxy's own
+    # a peer that is no listed proxy is counted as itself, whatever it claims
+    assert _register_from(auth, "127.0.0.2", "direct_one", "192.0.2.50") == 201
+    assert _register_from(auth, "127.0.0.2", "direct_two", "192.0.2.51") == 429

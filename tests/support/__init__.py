@@ -182,16 +182,17 @@ class Client:
         server: ServerProcess,
         token: str,
         serializer: str | None = None,
+        headers: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> Client:
-        """Open a connection with the token in the Authorization header."""
+        """Open a connection with the token in the Authorization header (and ``headers``)."""
         serializer = serializer or server.serializer
         kwargs.setdefault("compression", None)
         if server.tls:
             kwargs.setdefault("ssl", server.client_ssl)
         conn = await connect(
             server.url,
-            additional_headers={"Authorization": f"Bearer {token}"},
+            additional_headers={"Authorization": f"Bearer {token}", **(headers or {})},
             subprotocols=[get_codec(serializer).subprotocol],
             open_timeout=10,
             **kwargs,
@@ -320,11 +321,12 @@ async def raw_upgrade(
     *,
     extensions: str | None = None,
     buffer_bytes: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A websocket opened on a raw socket, for a client that must misbehave: the 101 read,
     nothing after it. ``buffer_bytes`` bounds the socket's kernel buffers both ways
     (SO_RCVBUF, SO_SNDBUF, set before connecting); ``extensions`` is offered as
-    ``Sec-WebSocket-Extensions``."""
+    ``Sec-WebSocket-Extensions``; ``headers`` are sent besides."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if buffer_bytes:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
@@ -338,6 +340,7 @@ async def raw_upgrade(
         f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
         f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {codec.subprotocol}\r\n"
         + (f"Sec-WebSocket-Extensions: {extensions}\r\n" if extensions else "")
+        + "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         + f"Authorization: Bearer {token}\r\n\r\n"
     )
     writer.write(request.encode())
@@ -374,13 +377,16 @@ async def raw_close_code(reader: asyncio.StreamReader, timeout_s: float = 20) ->
     return await asyncio.wait_for(read(), timeout_s)
 
 
-async def served(server: ServerProcess, token: str, room: str = "honest") -> None:
-    """An honest client is served in full: it connects, joins ``room``, sends, and gets its
-    message and its ack (AssertionError or a timeout otherwise)."""
+async def served(
+    server: ServerProcess, token: str, room: str = "honest", headers: dict[str, str] | None = None
+) -> None:
+    """An honest client is served in full: it connects (sending ``headers`` besides), joins
+    ``room``, sends, and gets its message and its ack (AssertionError or a timeout
+    otherwise)."""
     from chat_server.messages import Message, Welcome
 
     ref = f"honest-{os.urandom(4).hex()}"  # a new message each time, never a repeat
-    client = await Client.connect(server, token)
+    client = await Client.connect(server, token, headers=headers)
     try:
         await client.expect(Welcome)
         await client.join(room)

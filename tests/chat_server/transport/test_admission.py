@@ -89,3 +89,32 @@ def test_503_while_draining_or_past_max_connections(
     service.draining = True
     assert _status(admission.decide("/ws", bearer, [])) == HTTPStatus.SERVICE_UNAVAILABLE
     assert _status(admission.decide("/healthz", None, [])) == HTTPStatus.OK
+
+
+def test_connections_per_address_count_the_client_a_trusted_proxy_names(
+    keys: KeyPair, service: FakeService
+):
+    settings = Settings.from_mapping(
+        {"MAX_CONNECTIONS_PER_ADDRESS": "1", "TRUSTED_PROXIES": "10.0.0.0/24"}
+    )
+    verifier = TokenVerifier(keys.private_key.public_key(), "EdDSA", ISSUER, AUDIENCE)
+    admission = Admission(settings, service, verifier, get_codec("orjson"), OutboundStats())  # type: ignore[arg-type]
+    bearer = f"Bearer {keys.mint('alice')}"
+
+    def decide(peer: str, *forwarded: str) -> Reply | Admitted:
+        return admission.decide("/ws", bearer, [], peer=peer, forwarded_for=forwarded)
+
+    behind = decide("10.0.0.5", "203.0.113.7")
+    assert isinstance(behind, Admitted) and behind.client == "203.0.113.7"
+    admission.addresses.opened(behind.client)
+    chain = decide("10.0.0.9", "198.51.100.1, 203.0.113.7")  # the right-most is the client
+    assert _status(chain) == HTTPStatus.SERVICE_UNAVAILABLE
+    # a peer that is no listed proxy is its own client, whatever header it sends
+    forged = decide("192.0.2.1", "198.51.100.1")
+    assert isinstance(forged, Admitted) and forged.client == "192.0.2.1"
+    admission.addresses.opened(forged.client)
+    assert _status(decide("192.0.2.1", "198.51.100.2")) == HTTPStatus.SERVICE_UNAVAILABLE
+    assert admission.addresses.refusals == 2
+    admission.addresses.closed("203.0.113.7")
+    assert isinstance(decide("10.0.0.5", "203.0.113.7"), Admitted)
+    assert admission.addresses.count("203.0.113.7") == 0  # forgotten, not kept at zero
