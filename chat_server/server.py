@@ -37,7 +37,8 @@ from chatlab.supervision import supervisor
 
 log = logging.getLogger("chat_server")
 
-#: seconds past DRAIN_GRACE_S + CLOSE_TIMEOUT_S that a stop after a failed task may take
+#: seconds past DRAIN_NOTICE_S + DRAIN_GRACE_S + CLOSE_TIMEOUT_S that a stop after a
+#: failed task may take
 FAILED_STOP_GRACE_S = 10.0
 
 
@@ -112,7 +113,13 @@ class Server:
         ``status`` at once :data:`FAILED_STOP_GRACE_S` past the drain's own bounds."""
         self.exit_status = status
         self.stop.set()
-        bound_s = self.settings.drain_grace_s + self.settings.close_timeout_s + FAILED_STOP_GRACE_S
+        settings = self.settings
+        bound_s = (
+            settings.drain_notice_s
+            + settings.drain_grace_s
+            + settings.close_timeout_s
+            + FAILED_STOP_GRACE_S
+        )
         timer = threading.Timer(bound_s, os._exit, args=(status,))
         timer.daemon = True
         timer.start()
@@ -224,9 +231,18 @@ class Server:
         await self.stop.wait()
 
     async def shutdown(self, transport: ServerTransport, service: ChatService) -> None:
-        """Stop accepting, commit and deliver what was accepted, keep the connections open
+        """Answer ``/healthz`` 503 for ``DRAIN_NOTICE_S`` while still serving, then stop
+        accepting, commit and deliver what was accepted, keep the connections open
         ``DRAIN_GRACE_S`` more; the start-up stack then closes them with 1001 and releases
         the rest."""
+        transport.announce_stop()
+        if self.settings.drain_notice_s:
+            log.info(
+                "stop signal: /healthz answers 503 for %g s before the listener closes",
+                self.settings.drain_notice_s,
+            )
+            # a proxy checking /healthz takes this process out before connections are refused
+            await asyncio.sleep(self.settings.drain_notice_s)
         log.info("stop signal: refusing sends, committing, then closing with 1001")
         transport.stop_accepting()
         await service.drain()

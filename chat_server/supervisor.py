@@ -21,7 +21,8 @@ Guarantees:
 - SIGTERM or SIGINT is forwarded as SIGTERM to every worker, which drains as one
   server does (stop accepting, commit, deliver, close with 1001); the supervisor
   exits 0 when every worker exited 0 (or was still starting), else 1 (a worker
-  still running after ``DRAIN_GRACE_S + CLOSE_TIMEOUT_S + 30`` s is killed).
+  still running after ``DRAIN_NOTICE_S + DRAIN_GRACE_S + CLOSE_TIMEOUT_S + 30`` s is
+  killed).
 - A worker whose supervisor disappears (``kill -9``) stops itself gracefully
   within about a second (:func:`chat_server.runtime.watch_parent`).
 - SIGUSR1 (a profile snapshot, ``PROFILE=cprofile``) is forwarded to every worker
@@ -434,7 +435,7 @@ class Supervisor:
             if worker.proc.poll() is None:
                 worker.proc.send_signal(signal.SIGTERM)
         s = self.settings
-        deadline = time.monotonic() + s.drain_grace_s + s.close_timeout_s + 30
+        deadline = time.monotonic() + s.drain_notice_s + s.drain_grace_s + s.close_timeout_s + 30
         ok = True
         for worker in running:
             assert worker.proc is not None

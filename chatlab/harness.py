@@ -205,6 +205,8 @@ class ServerProcess(ServiceProcess):
             "JWT_PUBLIC_KEY": str(keys.public_path),
             "PING_INTERVAL_S": "20",
             "CLOSE_TIMEOUT_S": "2",
+            # no proxy checks /healthz here: a stop closes the listener at once
+            "DRAIN_NOTICE_S": "0",
             # every client of the tests and the lab comes from 127.0.0.1
             "MAX_CONNECTIONS_PER_ADDRESS": "0",
             # /stats and X-Chatlab-Worker: what the tests and the lab read

@@ -33,6 +33,7 @@ CHAT_SERVER = frozenset(
         "CLOSE_TIMEOUT_S",
         "CPU_AFFINITY",
         "DRAIN_GRACE_S",
+        "DRAIN_NOTICE_S",
         "EVENT_LOOP",
         "EXPOSE_INTERNALS",
         "GC_FULL_INTERVAL_S",

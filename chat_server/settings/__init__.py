@@ -128,6 +128,7 @@ class Settings(SpecSettings):
     auth_inline_port: int
     close_timeout_s: float
     drain_grace_s: float
+    drain_notice_s: float
     ping_interval_s: float
     ping_timeout_s: float
     log_level: str

@@ -117,6 +117,15 @@ LIMITS_SPECS: tuple[Spec, ...] = (
         number(0, 300),
         "on SIGTERM: after committing, keep connections this long (sends get unavailable)",
     ),
+    Spec(
+        "DRAIN_NOTICE_S",
+        "drain_notice_s",
+        "2",
+        number(0, 300),
+        "on SIGTERM: first answer /healthz 503 (draining) this long, still accepting and"
+        " serving, so a proxy checking it stops sending connections before the listener"
+        " closes (0: close it at once)",
+    ),
     Spec("PING_INTERVAL_S", "ping_interval_s", "20", number(0), "keepalive ping interval (0: off)"),
     Spec(
         "PING_TIMEOUT_S",

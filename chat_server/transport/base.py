@@ -147,6 +147,11 @@ class ServerTransport(ABC):
         assert self._acceptor is not None
         return int(self._acceptor.sock.getsockname()[1])
 
+    def announce_stop(self) -> None:
+        """From now on ``/healthz`` answers 503 "draining" (the listener still accepts), so
+        a proxy that checks it stops sending connections here before the listener closes."""
+        self.admission.stopping = True
+
     def stop_accepting(self) -> None:
         """Close the listening socket; open connections stay."""
         if self._acceptor is not None:
@@ -335,7 +340,8 @@ class Admission:
     ``/healthz`` answers 200 (with ``WORKERS`` > 1, 503 naming how many workers are
     ready until all are), ``/stats`` the counters as JSON (with
     ``EXPOSE_INTERNALS=on`` only: they name the host and its pids), ``/`` and its files the
-    web chat page (:mod:`chat_server.web`); any other path but ``/ws`` is 404. An
+    web chat page (:mod:`chat_server.web`); any other path but ``/ws`` is 404. From a stop
+    signal on (:attr:`stopping`) ``/healthz`` answers 503 "draining". An
     upgrade on ``/ws`` is refused with 503 while draining, past ``MAX_CONNECTIONS``, or
     when its client address (the peer's, or behind a proxy in ``TRUSTED_PROXIES`` the one
     its ``X-Forwarded-For`` names) holds ``MAX_CONNECTIONS_PER_ADDRESS`` already,
@@ -361,6 +367,8 @@ class Admission:
         self.unready: Callable[[], str | None] = _ready
         #: the web chat page's files (``GET /`` and what it loads)
         self.site = WebSite(settings.auth_public_url, codec.subprotocol)
+        #: set at a stop signal: ``/healthz`` answers 503 from then on
+        self.stopping = False
         #: open connections by client address, against MAX_CONNECTIONS_PER_ADDRESS
         self.addresses = ConnectionsPerAddress(settings.max_connections_per_address)
         self._trusted_proxies = settings.trusted_proxies
@@ -390,6 +398,8 @@ class Admission:
             )
         url = urlsplit(target)
         if url.path == "/healthz":
+            if self.stopping:
+                return Reply(HTTPStatus.SERVICE_UNAVAILABLE, "draining: shutting down\n")
             unready = self.unready()
             if unready is not None:
                 return Reply(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {unready}\n")

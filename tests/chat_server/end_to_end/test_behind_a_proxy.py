@@ -1,19 +1,24 @@
 """Behind a proxy: client addresses from ``X-Forwarded-For`` of a ``TRUSTED_PROXIES`` peer,
-and ``MAX_CONNECTIONS_PER_ADDRESS`` counted per real client (on real server processes)."""
+``MAX_CONNECTIONS_PER_ADDRESS`` counted per real client, and a drain that answers
+``/healthz`` 503 before its listener closes (on real server processes)."""
 
 from __future__ import annotations
 
-import pytest
-from websockets.exceptions import InvalidStatus
+import asyncio
+import signal
 
-from chat_server.messages import Welcome
-from chatlab.harness import free_port
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from chat_server.messages import Ack, Message, Welcome
+from chatlab.harness import free_port, http_request
 from tests.support import (
     Client,
     KeyPair,
     ServerProcess,
     raw_upgrade,
     served,
+    stored_history,
     wait_until,
 )
 from tests.support.prometheus import scrape_metrics
@@ -73,3 +78,44 @@ async def test_an_address_at_its_bound_gets_503_while_another_behind_the_proxy_i
 
     await wait_until(admitted, 10, "the office's two places given back")
     await _refused_503(server, keys.mint("office5"), OFFICE)
+
+
+async def test_sigterm_answers_healthz_503_before_the_listener_closes(start_server, keys: KeyPair):
+    server = start_server(event_loop="asyncio", drain_notice_s=3, drain_grace_s=0.2)
+    healthz = server.http_url("/healthz")
+    assert http_request("GET", healthz).status == 200
+    alice = await Client.connect(server, keys.mint("alice"))
+    await alice.expect(Welcome)
+    await alice.join("notice")
+    await alice.say("notice", "before", ref="before")
+    acked = [(await alice.expect(Ack, skip=(Message,))).seq]
+
+    server.signal(signal.SIGTERM)
+    draining = await wait_until(
+        lambda: (reply := http_request("GET", healthz, timeout_s=5)).status == 503 and reply,
+        10,
+        server.log,
+    )
+    assert b"draining" in draining.body
+    # the listener still accepts, and serves in full, until the notice is over
+    assert "refusing sends" not in server.log()
+    bob = await Client.connect(server, keys.mint("bob"))
+    await bob.expect(Welcome)
+    await bob.join("notice")
+    await bob.say("notice", "during the notice", ref="during")
+    acked.append((await bob.expect(Ack, skip=(Message,))).seq)
+
+    codes = []
+    for client in (alice, bob):
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await client.recv(timeout_s=20)
+        codes.append(closed.value.rcvd.code if closed.value.rcvd else None)
+    assert codes == [1001, 1001]
+    assert await asyncio.to_thread(server.wait) == 0
+    with pytest.raises(OSError):  # the listener is closed with the process
+        http_request("GET", healthz, timeout_s=5)
+
+    restarted = start_server(workdir=server.workdir, event_loop="asyncio")
+    stored = await stored_history(restarted, keys.mint("reader"), "notice")
+    assert set(acked) <= {m.seq for m in stored}

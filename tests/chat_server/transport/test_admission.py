@@ -118,3 +118,12 @@ def test_connections_per_address_count_the_client_a_trusted_proxy_names(
     admission.addresses.closed("203.0.113.7")
     assert isinstance(decide("10.0.0.5", "203.0.113.7"), Admitted)
     assert admission.addresses.count("203.0.113.7") == 0  # forgotten, not kept at zero
+
+
+def test_healthz_answers_503_draining_once_stopping(admission: Admission, keys: KeyPair):
+    admission.stopping = True
+    draining = admission.decide("/healthz", None, [])
+    assert _status(draining) == HTTPStatus.SERVICE_UNAVAILABLE
+    assert isinstance(draining, Reply) and "draining" in draining.body
+    # the listener still serves meanwhile: upgrades are admitted as before
+    assert isinstance(admission.decide("/ws", f"Bearer {keys.mint('alice')}", []), Admitted)
