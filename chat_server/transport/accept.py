@@ -9,13 +9,13 @@ only while :func:`~chat_server.limits.may_accept` says a descriptor stays free f
 the connection and its answer; the rest wait in the listen backlog, answered (101,
 or 503 past the admitted connections) as descriptors free up. Each accepted socket
 goes, with its peer's address as ``accept()`` gave it, to the transport through
-``loop.connect_accepted_socket``, public on both
-asyncio and uvloop; with ``TLS_CERT_FILE`` set it is given the server's
-``ssl.SSLContext`` there, so the loop's own SSL transport (asyncio's or uvloop's)
-carries the connection, and the TLS handshake is bounded by what is left of
-:data:`HANDSHAKE_TIMEOUT_S` (a client that never finishes it, or speaks plain text
-to the TLS port, is dropped). A socket in its handshake is counted like any other
-accepted one (it holds its descriptor from ``accept()`` on).
+``loop.connect_accepted_socket``, public on both asyncio and uvloop; with
+``TLS_CERT_FILE`` set it is given the server's ``ssl.SSLContext`` there, so the loop's
+own SSL transport (asyncio's or uvloop's) carries the connection, and the TLS
+handshake is bounded by what is left of :data:`HANDSHAKE_TIMEOUT_S` (a client that
+never finishes it, or speaks plain text to the TLS port, is dropped). A socket in
+its handshake is counted like any other accepted one (it holds its descriptor from
+``accept()`` on).
 
 :class:`MethodGate` is the first protocol of every connection: a ``GET`` goes on
 to the transport's own protocol (which then owns the socket, so the gate is off
@@ -94,9 +94,9 @@ class Acceptor:
     """Accepts connections on ``sock`` while descriptors remain, each into the protocol
     ``factory`` builds for its peer's address.
 
-        Open descriptors are counted from ``/proc`` only when the running estimate
-        (the last count plus the sockets accepted since) says the limit is near, so
-        accepting costs one ``accept()`` and a task that sets the connection up.
+    Open descriptors are counted from ``/proc`` only when the running estimate
+    (the last count plus the sockets accepted since) says the limit is near, so
+    accepting costs one ``accept()`` and a task that sets the connection up.
     """
 
     def __init__(
@@ -234,11 +234,11 @@ class MethodGate(asyncio.Protocol):
     A ``GET`` request goes on to the protocol ``make_protocol`` builds for ``peer`` (the
     address the connection was accepted from), with the bytes read so far; that protocol
     then owns the transport. Any other method gets ``refuse(method, target)``'s answer
-    (405). After it the write side is shut and
-    what the client still sends (a body) is read and dropped until it closes or
-    :data:`HANDSHAKE_TIMEOUT_S` passes, so the answer is not lost to a TCP reset. A
-    client that sends nothing within :data:`HANDSHAKE_TIMEOUT_S` of its accept (a TLS
-    handshake included: the gate is made at the accept, before it) is dropped.
+    (405). After it the write side is shut and what the client still sends (a body) is
+    read and dropped until it closes or :data:`HANDSHAKE_TIMEOUT_S` passes, so the
+    answer is not lost to a TCP reset. A client that sends nothing within
+    :data:`HANDSHAKE_TIMEOUT_S` of its accept (a TLS handshake included: the gate is
+    made at the accept, before it) is dropped.
     """
 
     __slots__ = (
