@@ -18,8 +18,10 @@ floor's width.
 Which bound judges which figure (:data:`FIGURE_BOUNDS`, :func:`voided`): CPU per frame
 is the server's own CPU time (its threads' schedstat), which time the host steals is not
 charged to, and other work on its core mostly is not either, so it is judged against
-its paired floor whatever the machine did (the report says what it did). A knee and a
-percentile are time as the clients see it: a step whose server core was busy
+its paired floor whatever other work the machine did (the report says what it did);
+only heavy steal from the server's core voids a step, and its pair is left out
+(:data:`COST_STEAL_LIMIT_MS_PER_S`, :func:`unstolen`). A knee and a percentile are time
+as the clients see it: a step whose server core was busy
 (:func:`bench.lab.machine.core_load`, :func:`step_busy`) voids them.
 
 No I/O.
