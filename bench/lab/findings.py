@@ -18,6 +18,7 @@ from bench.lab.ladder import (
     floor_text,
 )
 from bench.lab.machine import OTHERS_LIMIT_PERCENT, STEAL_LIMIT_MS_PER_S
+from bench.lab.pairs import COST_STEAL_LIMIT_MS_PER_S
 
 
 def findings(found: Ladder) -> list[str]:
@@ -129,9 +130,19 @@ def what_was_busy(found: Ladder) -> list[str]:
                 f"(up to {core.worst_others_percent:.0f} %; {core.busy_windows} of "
                 f"{core.windows} steps past the bounds)"
             )
+        if found.cost_stolen:
+            void = (
+                f"{found.cost_stolen} step(s) voided, their pairs left out: the host stole "
+                f"more than {COST_STEAL_LIMIT_MS_PER_S:g} ms/s from the server's core."
+            )
+        else:
+            void = (
+                f"Nothing voided (a step is when the host steals more than "
+                f"{COST_STEAL_LIMIT_MS_PER_S:g} ms/s from the server's core)."
+            )
         lines.append(
             f"CPU per frame: from {how}, judged against the A/A pair's paired floor whatever "
-            f"the machine did: over its steps {did}. Nothing voided."
+            f"other work the machine did: over its steps {did}. {void}"
         )
     climb = found.climb_core
     voided = [r.config for r in found.rungs if any(r.busy)]
@@ -266,6 +277,7 @@ def _cost_findings(found: Ladder) -> list[str]:
                     verdict = f"not confirmed: {comparison.reason}"
                 else:
                     verdict = "costs less" if comparison.verdict == "lower" else "costs more"
+                    verdict += f", {comparison.reason}" if comparison.reason else ""
                 claims.append(
                     f"{comparison.ratio_text()} {what} ({comparison.reference}), {verdict}"
                 )

@@ -49,8 +49,12 @@ from bench.lab.pairs import (
     floor_of,
     paired_ratio,
     paired_verdict,
+    pairwise_floor,
     step_busy,
     step_load,
+    stolen_note,
+    unstolen,
+    voided,
 )
 from bench.lab.results import Knee, Results, Run, Step, climbed_steps, edge, parse_slo
 
@@ -64,18 +68,6 @@ CEILING_SHARE = 0.8
 DRIVER_CORE_PERCENT = 90.0
 DASH = "\u2013"  # en dash: between the ends of a range
 TIMES = "\u00d7"  # multiplication sign: before a ratio
-
-
-def pairwise_floor(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
-    """Two series that should be equal (an A/A pair, repeat i with repeat i): the largest
-    relative difference between them, larger over smaller; None when no repeat has both.
-    Every floor in the lab (knees, CPU per frame, the driver tables' figures) is this."""
-    diffs = [
-        max(x, y) / min(x, y) - 1
-        for x, y in zip(a, b, strict=False)
-        if x is not None and y is not None and min(x, y) > 0
-    ]
-    return max(diffs) if diffs else None
 
 
 @dataclass
@@ -92,6 +84,8 @@ class Cost:
     wire_bytes: list[float | None] = field(default_factory=list)
     # the values are per round of the paired phase (bench.lab.pairs), not per repeat
     paired: bool = False
+    # heavy steal from the server's core voided the step (bench.lab.pairs.unstolen)
+    stolen: list[bool] = field(default_factory=list)
 
     @property
     def known(self) -> list[float]:
@@ -253,6 +247,7 @@ class Ladder:
     # what else ran on the server's own core: over the cost steps (said, not voiding)
     # and over the climb steps as measured (busy ones were measured again)
     cost_core: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
+    cost_stolen: int = 0  # cost steps heavy steal voided (Cost.stolen)
     climb_core: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
     # the cost steps' host steal (ms/s, summed over cores): mean and most
     cost_machine: MachineVerdict = field(default_factory=lambda: machine_verdict([]))
@@ -374,6 +369,7 @@ def _cost(rate: float, steps: list[Step | None], *, paired: bool = False) -> Cos
         held=[s is not None and s.holds({"p99": 100.0}) for s in steps],
         wire_bytes=[s.wire_bytes_per_delivery if s is not None else None for s in steps],
         paired=paired,
+        stolen=[s is not None and voided("cpu_us_per_frame", core_step_load(s)) for s in steps],
     )
 
 
@@ -469,12 +465,15 @@ def cost_floor(rungs: list[Rung], results: Results, rate: float) -> tuple[float,
     if len(results.aa_pair) >= 2 and all(n in by_name for n in results.aa_pair[:2]):
         a, b = (by_name[n].costs.get(rate) for n in results.aa_pair[:2])
         if a is not None and b is not None and a.paired == b.paired:
-            aa = paired_ratio(b.values, a.values)
+            twin, original, left_out = unstolen(b.values, a.values, b.stolen, a.stolen)
+            aa = paired_ratio(twin, original)
             floor = floor_of(aa)
             if floor is not None and aa is not None:
                 what = "paired steps" if a.paired else "repeats"
+                note = stolen_note(left_out)
                 return floor, (
                     f"the A/A pair ({results.aa_pair[0]} = {results.aa_pair[1]}), {aa.n} {what}"
+                    + (f"; {note}" if note else "")
                 )
     spreads = [
         (max(c.known) / min(c.known) - 1, r.config)
@@ -507,13 +506,15 @@ def judge_costs(
     if mine.paired != theirs.paired:
         result.reason = "one was measured in the paired phase, the other in its runs: no pairs"
         return result
+    xs, ys, left_out = unstolen(mine.values, theirs.values, mine.stolen, theirs.stolen)
     result.ratios = [
         a / b
-        for a, b in zip(mine.values, theirs.values, strict=False)
+        for a, b in zip(xs, ys, strict=False)
         if a is not None and b is not None and a > 0 and b > 0
     ]
-    result.paired = paired_ratio(mine.values, theirs.values)
+    result.paired = paired_ratio(xs, ys)
     result.verdict, result.reason = paired_verdict(result.paired, floor)
+    result.reason = "; ".join(r for r in (result.reason, stolen_note(left_out)) if r)
     return result
 
 
@@ -606,6 +607,7 @@ def ladder(results: Results) -> Ladder | None:
     cost_steps = [s for r in (*results.paired, *results.runs) for s in r.steps if s.cost]
     found.cost_machine = machine_verdict(step_load(s) for s in cost_steps)
     found.cost_core = machine_verdict(core_step_load(s) for s in cost_steps)
+    found.cost_stolen = sum(voided("cpu_us_per_frame", core_step_load(s)) for s in cost_steps)
     found.climb_core = machine_verdict(
         core_step_load(s) for rung in rungs for run in rung.runs for s in climbed_steps(run)
     )

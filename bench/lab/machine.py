@@ -60,21 +60,28 @@ class MachineLoad:
 
 
 def core_load(
-    seconds: float,
-    core_busy_s: float | None,
-    core_steal_s: float | None,
-    server_cpu_s: float | None,
-    idle_cpu_s: float | None = None,
+    seconds: float, others_on_core_s: float | None, core_steal_s: float | None
 ) -> MachineLoad | None:
-    """What else ran on the server's own cores over a window: their busy seconds less
-    the server's CPU and that of the lab's idle servers sharing them (``others``), and
-    their steal; None when the cores were not read. This, not the whole host's
-    "others", is what bends a knee or a percentile: work on the driver's core or
-    elsewhere does not delay the server."""
-    if core_busy_s is None or server_cpu_s is None or seconds <= 0:
+    """What else ran on the server's own cores over a window: other processes' run time
+    there (:attr:`CpuSplit.on_cores_s`: every process but the server and the lab's idle
+    servers sharing its core, each by its own counters), and the host's steal from those
+    cores; None when they were not read. This, not the whole host's "others", is what
+    bends a knee or a percentile: work on the driver's core or elsewhere does not delay
+    the server."""
+    if others_on_core_s is None or seconds <= 0:
         return None
-    others = core_busy_s - server_cpu_s - (idle_cpu_s or 0.0)
-    return MachineLoad.over(seconds, others, core_steal_s or 0.0)
+    return MachineLoad.over(seconds, others_on_core_s, core_steal_s or 0.0)
+
+
+def core_share(affinity: Collection[int], cores: Collection[int]) -> float:
+    """The share of a process' run time counted on ``cores``: all of it when it may run
+    only there, none when it may not run there, else the even share of its allowed cores
+    that are ``cores`` (no counter says on which core a free process ran; the scheduler
+    spreads it over those it may use)."""
+    allowed = set(affinity)
+    if not allowed:
+        return 0.0
+    return len(allowed & set(cores)) / len(allowed)
 
 
 def busy_reasons(load: MachineLoad) -> list[str]:
@@ -237,29 +244,25 @@ class CpuSplit:
     counts busy beyond both (:attr:`unattributed_s`) is no process' time: the kernel's
     interrupts and softirqs taken on an idle core, and the difference between the
     host's tick-sampled busy time and the processes' own run time. "Other processes"
-    is ``others``, never the host's busy time less ours (docs/decisions/0018)."""
+    is ``others``, never the host's busy time less ours (docs/decisions/0018).
+
+    ``on_cores_s``: the run time on the cores asked for of every process outside the
+    trees set apart (the server and its idle neighbours), each weighted by
+    :func:`core_share` of its affinity: what else ran on the server's core, by the same
+    counters, not by ``/proc/stat``'s tick-sampled per-core busy time."""
 
     ours_s: float
     others_s: float
     host: HostTimes
+    on_cores_s: float = 0.0
 
     @property
     def unattributed_s(self) -> float:
         return self.host.busy_s - self.ours_s - self.others_s
 
 
-def cpu_split(ours: Iterable[psutil.Process | None]) -> CpuSplit:
-    """The CPU split now between the trees of ``ours`` and every other process."""
-    host = read_host()
-    parent: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for proc in psutil.process_iter(["ppid", "cpu_times"]):
-        t = proc.info["cpu_times"]
-        if t is None:  # gone, or not ours to read
-            continue
-        parent[proc.pid] = proc.info["ppid"] or 0
-        used[proc.pid] = t.user + t.system + t.children_user + t.children_system
-    roots = {p.pid for p in ours if p is not None}
+def _trees(roots: set[int], parent: dict[int, int]) -> set[int]:
+    """The pids of ``roots`` and all their descendants in ``parent`` (pid -> ppid)."""
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
@@ -270,8 +273,39 @@ def cpu_split(ours: Iterable[psutil.Process | None]) -> CpuSplit:
         if pid not in tree:
             tree.add(pid)
             todo += children.get(pid, [])
+    return tree
+
+
+def cpu_split(
+    ours: Iterable[psutil.Process | None],
+    cores: Collection[int] = (),
+    apart: Iterable[psutil.Process | None] = (),
+) -> CpuSplit:
+    """The CPU split now between the trees of ``ours`` and every other process; with
+    ``cores``, also the run time there of every process outside the trees of ``apart``
+    (:attr:`CpuSplit.on_cores_s`)."""
+    host = read_host()
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    affinity: dict[int, list[int]] = {}
+    attrs = ["ppid", "cpu_times", *(["cpu_affinity"] if cores else [])]
+    for proc in psutil.process_iter(attrs):
+        t = proc.info["cpu_times"]
+        if t is None:  # gone, or not ours to read
+            continue
+        parent[proc.pid] = proc.info["ppid"] or 0
+        used[proc.pid] = t.user + t.system + t.children_user + t.children_system
+        if cores:
+            affinity[proc.pid] = proc.info["cpu_affinity"] or []
+    tree = _trees({p.pid for p in ours if p is not None}, parent)
     ours_s = sum(used[pid] for pid in tree)
-    return CpuSplit(ours_s, sum(used.values()) - ours_s, host)
+    on_cores_s = 0.0
+    if cores:
+        set_apart = _trees({p.pid for p in apart if p is not None}, parent)
+        on_cores_s = sum(
+            used[pid] * core_share(affinity[pid], cores) for pid in used if pid not in set_apart
+        )
+    return CpuSplit(ours_s, sum(used.values()) - ours_s, host, on_cores_s)
 
 
 def load_between(before: CpuSplit, after: CpuSplit, seconds: float) -> MachineLoad | None:

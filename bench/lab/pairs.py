@@ -18,8 +18,10 @@ floor's width.
 Which bound judges which figure (:data:`FIGURE_BOUNDS`, :func:`voided`): CPU per frame
 is the server's own CPU time (its threads' schedstat), which time the host steals is not
 charged to, and other work on its core mostly is not either, so it is judged against
-its paired floor whatever the machine did (the report says what it did). A knee and a
-percentile are time as the clients see it: a step whose server core was busy
+its paired floor whatever other work the machine did (the report says what it did);
+only heavy steal from the server's core voids a step, and its pair is left out
+(:data:`COST_STEAL_LIMIT_MS_PER_S`, :func:`unstolen`). A knee and a percentile are time
+as the clients see it: a step whose server core was busy
 (:func:`bench.lab.machine.core_load`, :func:`step_busy`) voids them.
 
 No I/O.
@@ -57,8 +59,17 @@ T_975 = {
 #: a comparison wants at least this many pairs (the matrix's ``pairs`` is checked against it)
 MIN_PAIRS = 5
 
-#: which bound judges each figure: "floor" (its paired A/A floor, whatever the machine
-#: did) or "core" (voided by a step whose server core was busy)
+#: steal from the server's core past this, over a cost step, voids that step's CPU per
+#: frame (its pair is left out): what the host takes is not charged to the server, but
+#: past a point the server's work around it costs more. Measured on a 2-core VM
+#: (docs/decisions/0017): 17.5 ms/s moved an A/A pair no more than a quiet host (3-4 %),
+#: 248 ms/s moved a configuration 9 % and 412 ms/s 52 %; the bound sits at three times
+#: the most seen harmless and a fifth of the least seen harmful
+COST_STEAL_LIMIT_MS_PER_S = 50.0
+
+#: which bound judges each figure: "floor" (its paired A/A floor, whatever other work
+#: the machine did; only heavy steal from the server's core voids a step) or "core"
+#: (voided by a step whose server core was busy)
 FIGURE_BOUNDS = {
     "cpu_us_per_frame": "floor",
     "knee": "core",
@@ -116,6 +127,18 @@ def paired_ratio(xs: Sequence[float | None], ys: Sequence[float | None]) -> Pair
     return PairedRatio(len(logs), math.exp(mean), math.exp(mean - half), math.exp(mean + half))
 
 
+def pairwise_floor(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
+    """Two series that should be equal (an A/A pair, repeat i with repeat i): the largest
+    relative difference between them, larger over smaller; None when no repeat has both.
+    Every floor in the lab (knees, CPU per frame, the driver tables' figures) is this."""
+    diffs = [
+        max(x, y) / min(x, y) - 1
+        for x, y in zip(a, b, strict=False)
+        if x is not None and y is not None and min(x, y) > 0
+    ]
+    return max(diffs) if diffs else None
+
+
 def floor_of(aa: PairedRatio | None) -> float | None:
     """The floor an A/A pair's paired ratio gives (a fraction: 0.03 is ±3 %): how far
     from 1 its interval reaches, either way; None without an interval (under two pairs)."""
@@ -142,9 +165,43 @@ def paired_verdict(paired: PairedRatio | None, floor: float | None) -> tuple[str
 
 def voided(figure: str, core: MachineLoad | None) -> bool:
     """Whether a step with ``core`` (what else ran on its server's core; None: not read)
-    voids ``figure``: never for a figure judged by its paired floor, whenever the core
-    was busy for one judged by the core (:data:`FIGURE_BOUNDS`)."""
-    return FIGURE_BOUNDS.get(figure, "core") == "core" and is_busy(core)
+    voids ``figure``: for a figure judged by its paired floor, only when the host stole
+    more than :data:`COST_STEAL_LIMIT_MS_PER_S` from that core; whenever the core was
+    busy for one judged by the core (:data:`FIGURE_BOUNDS`)."""
+    if FIGURE_BOUNDS.get(figure, "core") == "floor":
+        return core is not None and core.steal_ms_per_s > COST_STEAL_LIMIT_MS_PER_S
+    return is_busy(core)
+
+
+def unstolen(
+    xs: Sequence[float | None],
+    ys: Sequence[float | None],
+    stolen_x: Sequence[bool],
+    stolen_y: Sequence[bool],
+) -> tuple[list[float | None], list[float | None], int]:
+    """The pairs ``(xs[i], ys[i])`` less those where either step was voided by heavy
+    steal (``stolen_*[i]``, :data:`COST_STEAL_LIMIT_MS_PER_S`; a missing flag: not
+    stolen), and how many complete pairs that left out."""
+    kept_x: list[float | None] = []
+    kept_y: list[float | None] = []
+    left_out = 0
+    for i, (x, y) in enumerate(zip(xs, ys, strict=False)):
+        if (i < len(stolen_x) and stolen_x[i]) or (i < len(stolen_y) and stolen_y[i]):
+            left_out += x is not None and y is not None
+            continue
+        kept_x.append(x)
+        kept_y.append(y)
+    return kept_x, kept_y, left_out
+
+
+def stolen_note(left_out: int) -> str:
+    """Why ``left_out`` pairs are missing from a comparison of CPU per frame ("" for none)."""
+    if not left_out:
+        return ""
+    return (
+        f"{left_out} pair(s) left out: the host stole more than "
+        f"{COST_STEAL_LIMIT_MS_PER_S:g} ms/s from the server's core"
+    )
 
 
 def pair_order(names: Sequence[str], rounds: int) -> list[tuple[int, str]]:
@@ -166,14 +223,13 @@ def step_load(step: Step) -> MachineLoad | None:
 
 
 def core_step_load(step: Step) -> MachineLoad | None:
-    """What else ran on ``step``'s server core (None: its core was not read)."""
-    return core_load(
-        step.window_s,
-        step.server_core_busy_s,
-        step.server_core_steal_s,
-        step.server_cpu_s,
-        step.idle_cpu_s,
-    )
+    """What else ran on ``step``'s server core (None: its core was not read); for results
+    saved before the core was counted process by process, its busy time less the server's
+    and the idle servers' CPU."""
+    others = step.server_core_others_s
+    if others is None and step.server_core_busy_s is not None and step.server_cpu_s is not None:
+        others = step.server_core_busy_s - step.server_cpu_s - (step.idle_cpu_s or 0.0)
+    return core_load(step.window_s, others, step.server_core_steal_s)
 
 
 def step_busy(step: Step) -> bool:
@@ -181,6 +237,6 @@ def step_busy(step: Step) -> bool:
     (:func:`voided`); by the whole host's load where the core was not
     read (results saved before the lab read it)."""
     core = core_step_load(step)
-    if core is not None or step.server_core_busy_s is not None:
+    if core is not None:
         return voided("knee", core)
     return is_busy(step_load(step))

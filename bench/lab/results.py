@@ -127,13 +127,15 @@ class Step:
     wire_bytes: int = 0
     wire_deliveries: int = 0
     # the server's own cores over the same window (None: not read, or the server was not
-    # pinned): their busy CPU seconds (processes and the kernel's work there) and their
-    # steal, and the CPU of the other servers that shared them, idle meanwhile (a paired
-    # cost phase: :mod:`bench.lab.pairs`); what else ran on the server's core is the busy
-    # time less the server's and theirs
-    server_core_busy_s: float | None = None
+    # pinned): what else ran there (every process but the server and the other servers
+    # that shared them, idle meanwhile, by its own run time: bench.lab.machine.cpu_split),
+    # their steal, and those idle servers' CPU (a paired cost phase: bench.lab.pairs)
+    server_core_others_s: float | None = None
     server_core_steal_s: float | None = None
     idle_cpu_s: float | None = None
+    # results saved before the lab counted the core process by process: the core's
+    # tick-sampled busy seconds (/proc/stat), less the server's and the idle servers'
+    server_core_busy_s: float | None = None
     # a paired cost step's round (its place in the A B B A order; None: not paired), and
     # whether this step is a climb step measured again because its server's core was busy
     pair_round: int | None = None

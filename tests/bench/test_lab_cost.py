@@ -93,10 +93,8 @@ def _step(
         server_cpu_s=None if cost_us is None else cost_us * delivered * duration / 1e6,
         others_cpu_s=others_s,
         steal_s=0.0,
-        # the server's core: its own CPU and the other work there (on one core, as the lab)
-        server_core_busy_s=None
-        if cost_us is None
-        else cost_us * delivered * duration / 1e6 + others_s,
+        # what else ran on the server's core (on one core, as the lab)
+        server_core_others_s=None if cost_us is None else others_s,
         server_core_steal_s=0.0,
         pair_round=pair_round,
     )

@@ -48,13 +48,30 @@ def orphan(tmp_path: Path) -> Iterator[int]:
 
 def test_a_busy_process_outside_the_tree_is_other_processes(orphan: int) -> None:
     assert orphan not in {p.pid for p in psutil.Process().children(recursive=True)}
-    before, after = _split_over(WINDOW_S)
-    others = after.others_s - before.others_s
-    ours = after.ours_s - before.ours_s
+    os.sched_setaffinity(orphan, {0})  # on the server's core, as a neighbour would be
+    me, loop = psutil.Process(), psutil.Process(orphan)
+
+    def splits() -> tuple[CpuSplit, CpuSplit, CpuSplit]:
+        # the host, and core 0 and core 1 with the loop set apart (as the server would be)
+        return cpu_split([me], [0]), cpu_split([me], [1]), cpu_split([me], [0], [loop])
+
+    before = splits()
+    time.sleep(WINDOW_S)
+    after = splits()
+    others = after[0].others_s - before[0].others_s
+    ours = after[0].ours_s - before[0].ours_s
     assert others >= WINDOW_S / 3, (others, ours)
     assert ours < others  # this process slept
-    load = load_between(before, after, WINDOW_S)
+    load = load_between(before[0], after[0], WINDOW_S)
     assert load is not None and load.others_percent >= 100 / 3
+    # counted on the core it may run on, by its own run time; not on the other core, and
+    # not when it is the process set apart
+    on_core_0, on_core_1, apart = (
+        a.on_cores_s - b.on_cores_s for a, b in zip(after, before, strict=True)
+    )
+    assert on_core_0 >= WINDOW_S / 3, on_core_0
+    assert on_core_1 < on_core_0 - WINDOW_S / 4, (on_core_1, on_core_0)
+    assert apart < on_core_0 - WINDOW_S / 4, (apart, on_core_0)
 
 
 def test_a_busy_child_and_one_that_ended_are_ours() -> None:

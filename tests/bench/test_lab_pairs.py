@@ -7,16 +7,19 @@ import math
 
 import pytest
 
-from bench.lab.machine import MachineLoad, core_load
+from bench.lab.ladder import Cost, judge_costs
+from bench.lab.machine import MachineLoad, core_load, core_share
 from bench.lab.pairs import (
     FIGURE_BOUNDS,
     floor_of,
     pair_order,
     paired_ratio,
     paired_verdict,
+    step_busy,
     t_975,
     voided,
 )
+from bench.lab.results import Step
 
 
 def test_a_paired_ratio_is_the_mean_log_ratio_with_its_t_interval() -> None:
@@ -88,14 +91,14 @@ def test_without_pairs_or_a_floor_nothing_is_confirmed_and_the_reason_says_why()
     assert reason == "its interval reaches within the \u00b1200.0 % floor"
 
 
-#: what else ran on the server's core over a 2-s window: the core busy 1.5 s, the server
-#: itself 1.2 s and its idle neighbours 0.1 s of it: others 0.2 s, 10 % of a core
-BUSY_CORE = core_load(2.0, 1.5 + 0.01, 0.0, 1.2, 0.1)
-QUIET_CORE = core_load(2.0, 1.5 - 0.01, 0.0, 1.2, 0.1)
-STOLEN_CORE = core_load(2.0, 1.3, 0.011, 1.2, 0.0)  # 5.5 ms/s stolen from it
+#: what else ran on the server's core over a 2-s window, by its processes' own run time
+#: (the server and its idle neighbours set apart): 0.2 s is 10 % of a core
+BUSY_CORE = core_load(2.0, 0.2 + 0.01, 0.0)
+QUIET_CORE = core_load(2.0, 0.2 - 0.01, 0.0)
+STOLEN_CORE = core_load(2.0, 0.1, 0.011)  # 5.5 ms/s stolen from it
 
 
-def test_the_server_cores_load_is_its_busy_time_less_the_servers_and_its_neighbours() -> None:
+def test_the_server_cores_load_is_what_other_processes_ran_there_and_its_steal() -> None:
     assert BUSY_CORE is not None and BUSY_CORE.others_percent == pytest.approx(10.5)
     assert QUIET_CORE is not None and QUIET_CORE.others_percent == pytest.approx(9.5)
     assert STOLEN_CORE is not None
@@ -103,8 +106,41 @@ def test_the_server_cores_load_is_its_busy_time_less_the_servers_and_its_neighbo
         pytest.approx(5.0),
         pytest.approx(5.5),
     )
-    assert core_load(2.0, None, None, 1.2) is None  # the core was not read
-    assert core_load(0.0, 1.0, 0.0, 1.0) is None
+    assert core_load(2.0, None, None) is None  # the core was not read
+    assert core_load(0.0, 1.0, 0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("affinity", "cores", "share"),
+    [
+        ({0}, (0,), 1.0),  # pinned to the server's core: all of it there
+        ({1}, (0,), 0.0),  # pinned elsewhere (the driver): none
+        ({0, 1}, (0,), 0.5),  # free on two cores: the even share
+        ({0, 1, 2, 3}, (0, 1), 0.5),
+        (set(), (0,), 0.0),  # affinity not read
+    ],
+)
+def test_a_process_counts_on_the_server_core_by_its_share_of_its_allowed_cores(
+    affinity: set[int], cores: tuple[int, ...], share: float
+) -> None:
+    assert core_share(affinity, cores) == share
+
+
+def test_an_old_step_is_judged_by_its_cores_busy_time_less_the_servers_and_neighbours() -> None:
+    step = Step("fast", "rate 1000/s", 10, 1000.0, 2.0, 2000, 20000, 20000, 1000.0, 1e4, {})
+    step.window_s = 2.0
+    step.server_core_busy_s, step.server_cpu_s, step.idle_cpu_s = 1.5 + 0.01, 1.2, 0.1
+    step.server_core_steal_s = 0.0
+    assert step_busy(step)  # 0.21 s of 2: 10.5 % of a core
+    step.server_core_busy_s = 1.5 - 0.01
+    assert not step_busy(step)
+    step.server_core_others_s = 0.21  # counted process by process: this decides
+    assert step_busy(step)
+
+
+#: steal from the server's core over a 2-s cost step on both sides of the 50 ms/s bound
+HEAVY_STEAL = core_load(2.0, 0.0, 0.1 + 0.001)
+MODERATE_STEAL = core_load(2.0, 0.0, 0.1 - 0.001)
 
 
 @pytest.mark.parametrize(
@@ -112,6 +148,8 @@ def test_the_server_cores_load_is_its_busy_time_less_the_servers_and_its_neighbo
     [
         ("cpu_us_per_frame", BUSY_CORE, False),  # judged by its paired floor, whatever
         ("cpu_us_per_frame", STOLEN_CORE, False),
+        ("cpu_us_per_frame", MODERATE_STEAL, False),  # 49.5 ms/s stolen < 50
+        ("cpu_us_per_frame", HEAVY_STEAL, True),  # 50.5 ms/s stolen > 50: void
         ("knee", BUSY_CORE, True),  # 10.5 % of a core > 10 %
         ("knee", QUIET_CORE, False),  # 9.5 % < 10 %
         ("knee", STOLEN_CORE, True),  # 5.5 ms/s > 5 ms/s stolen from the server's core
@@ -137,3 +175,25 @@ def test_pairs_are_taken_forward_then_backward() -> None:
     order = pair_order(["A", "B", "C"], 3)
     assert [name for _, name in order] == ["A", "B", "C", "C", "B", "A", "A", "B", "C"]
     assert [k for k, _ in order] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def _cost(values: list[float], stolen: list[bool]) -> Cost:
+    n = len(values)
+    return Cost(
+        1000.0, list(values), [1e4] * n, [False] * n, [True] * n, paired=True, stolen=stolen
+    )
+
+
+def test_a_pair_with_heavy_steal_on_either_side_is_left_out_of_a_cost_comparison() -> None:
+    # the third pair reads twice the others, as under 412 ms/s of steal
+    mine, theirs = [10.0, 10.2, 20.0, 9.9, 10.1, 10.0], [10.0] * 6
+    kept = judge_costs("X", "Y", _cost(mine, [False] * 6), _cost(theirs, [False] * 6), floor=0.05)
+    assert kept.paired is not None and kept.paired.n == 6
+    assert kept.verdict == "not confirmed" and "left out" not in kept.reason
+    stolen = [False, False, True, False, False, False]
+    left = judge_costs("X", "Y", _cost(mine, [False] * 6), _cost(theirs, stolen), floor=0.05)
+    assert left.paired is not None and left.paired.n == 5
+    assert left.paired.high < 1.05
+    assert left.reason.endswith(
+        "1 pair(s) left out: the host stole more than 50 ms/s from the server's core"
+    )

@@ -7,7 +7,7 @@ server, all on one event loop), warms each up, then takes ``rounds`` rounds: in 
 each cost rate, one step per server that has the rate, the servers forward in even
 rounds and backward in odd ones (:func:`bench.lab.pairs.pair_order`: A B, B A, ...).
 While one server is driven the others are idle; each step's window reads the idle
-ones' CPU apart (``Step.idle_cpu_s``), the server's cores' busy time and steal.
+ones' CPU apart (``Step.idle_cpu_s``), what else ran on the server's cores and their steal.
 
 The spec (JSON): ``targets`` (each ``name``, ``target``, ``url``, ``serializer``,
 ``deflate``, ``token_file``, ``server_pid``, ``rates``), ``connections``, ``room_size``,

@@ -72,9 +72,10 @@ class Counters(NamedTuple):
 
     clock_s: float
     server_s: float | None  # the server tree's CPU seconds
-    split: CpuSplit  # ours and other processes', each by its own counters; the host's
-    core_busy_s: float | None  # the server's cores' busy seconds (None: not read)
-    core_steal_s: float | None
+    # ours and other processes', each by its own counters; the host's; and what ran on
+    # the server's cores besides the server and its idle neighbours (CpuSplit.on_cores_s)
+    split: CpuSplit
+    core_steal_s: float | None  # the server's cores' steal (None: not read)
     idle_s: float  # the idle neighbours' CPU seconds
 
 
@@ -467,16 +468,16 @@ class Driver:
     def _window_counters(self) -> Counters:
         """Now: the clock, the server tree's CPU seconds (None when not told its pid), the
         CPU split between the lab's tree (or the server's and this driver's) and every
-        other process, with the host's counters, and the server's cores' busy and steal
-        seconds with its idle neighbours' CPU."""
+        other process, with the host's counters and what else ran on the server's cores
+        (every process but the server and its idle neighbours, by its own counters), the
+        cores' steal seconds, and the idle neighbours' CPU."""
         server = tree_cpu_s(self.server) if self.server is not None else None
         ours = [self.lab] if self.lab is not None else [self.server, self.process]
-        cores = self.config.server_cores
+        cores = self.config.server_cores or ()
         return Counters(
             time.monotonic(),
             server,
-            cpu_split(ours),
-            cores_busy_s(cores) if cores else None,
+            cpu_split(ours, cores, [self.server, *self.neighbours]),
             steal_s(cores) if cores else None,
             sum(tree_cpu_s(p) for p in self.neighbours),
         )
@@ -484,30 +485,25 @@ class Driver:
     @staticmethod
     def _close_window(recorder: StepRecorder, before: Counters, after: Counters) -> None:
         """The send phase's window into ``recorder``: its seconds, the server's CPU,
-        other processes' CPU and the host's steal; the server's cores' busy time and
-        steal, and its idle neighbours' CPU."""
+        other processes' CPU and the host's steal; what else ran on the server's cores,
+        their steal, and its idle neighbours' CPU."""
         recorder.window_s = after.clock_s - before.clock_s
         if before.server_s is not None and after.server_s is not None:
             recorder.server_cpu_s = after.server_s - before.server_s
         recorder.others_cpu_s = max(0.0, after.split.others_s - before.split.others_s)
         recorder.steal_s = max(0.0, after.split.host.steal_s - before.split.host.steal_s)
-        if before.core_busy_s is not None and after.core_busy_s is not None:
-            recorder.server_core_busy_s = after.core_busy_s - before.core_busy_s
-            recorder.idle_cpu_s = after.idle_s - before.idle_s
         if before.core_steal_s is not None and after.core_steal_s is not None:
+            recorder.server_core_others_s = max(
+                0.0, after.split.on_cores_s - before.split.on_cores_s
+            )
+            recorder.idle_cpu_s = after.idle_s - before.idle_s
             recorder.server_core_steal_s = max(0.0, after.core_steal_s - before.core_steal_s)
 
     def core_busy(self, step: Step) -> bool:
         """Whether something else kept the server's cores busy over ``step``'s window
         (:func:`bench.lab.machine.core_load`; unknown: not busy)."""
         return is_busy(
-            core_load(
-                step.window_s,
-                step.server_core_busy_s,
-                step.server_core_steal_s,
-                step.server_cpu_s,
-                step.idle_cpu_s,
-            )
+            core_load(step.window_s, step.server_core_others_s, step.server_core_steal_s)
         )
 
     async def run(self) -> int:

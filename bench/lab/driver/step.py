@@ -61,7 +61,7 @@ class StepRecorder:
         self.others_cpu_s: float | None = None
         self.steal_s: float | None = None
         # the server's own cores over the same window, and its idle neighbours' CPU there
-        self.server_core_busy_s: float | None = None
+        self.server_core_others_s: float | None = None
         self.server_core_steal_s: float | None = None
         self.idle_cpu_s: float | None = None
         self.pair_round: int | None = None  # a paired cost step's round (Step.pair_round)
@@ -125,7 +125,7 @@ class StepRecorder:
             server_cpu_s=None if self.server_cpu_s is None else round(self.server_cpu_s, 4),
             others_cpu_s=None if self.others_cpu_s is None else round(self.others_cpu_s, 4),
             steal_s=None if self.steal_s is None else round(self.steal_s, 4),
-            server_core_busy_s=_rounded(self.server_core_busy_s),
+            server_core_others_s=_rounded(self.server_core_others_s),
             server_core_steal_s=_rounded(self.server_core_steal_s),
             idle_cpu_s=_rounded(self.idle_cpu_s),
             pair_round=self.pair_round,
