@@ -16,7 +16,7 @@ import shlex
 import shutil
 import ssl
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from chatlab.haproxy import HAPROXY, HAProxyProcess
 from chatlab.harness import AuthProcess, KeyPair, RedisProcess, ServerProcess
 from chatlab.postgres import PostgresProcess
 from tests.support import CHROMIUM, NO_LIMITS, ROOT, Client, wait_until
-from tests.support.auth import TEST_SETTINGS
+from tests.support.auth import TEST_SETTINGS, logins_answered
 from tests.support.browser import CHROMEDRIVER, browsers
 from tests.support.tls import ThrowawayCA, trusted_by_chromium
 
@@ -107,25 +107,16 @@ def _token(door: Door, name: str, source: str = "127.0.0.1") -> str:
     return str(body["access_token"])
 
 
-def _logins_answered(replica: AuthProcess, status: int = 200) -> float:
-    """How many logins the replica answered ``status`` (its Prometheus counter)."""
-    text = replica.get("/metrics").body.decode()
-    found = re.search(
-        rf'auth_requests_total\{{[^}}]*route="/login"[^}}]*status="{status}"[^}}]*\}} (\S+)', text
-    )
-    return float(found.group(1)) if found else 0.0
-
-
 def _replica_of(door: Door, source: str) -> AuthProcess:
     """The auth replica the front door sends ``source``'s requests to (found by a login
     of nobody, which only that replica counts)."""
-    before = [_logins_answered(replica, 401) for replica in door.replicas]
+    before = [logins_answered(replica, 401) for replica in door.replicas]
     nobody = {"username": f"nobody{uuid.uuid4().hex[:8]}", "password": PASSWORD}
     assert _through(door, "/login", nobody, source=source)[0] == 401
     (serving,) = [
         replica
         for replica, count in zip(door.replicas, before, strict=True)
-        if _logins_answered(replica, 401) > count
+        if logins_answered(replica, 401) > count
     ]
     return serving
 
@@ -311,32 +302,37 @@ async def test_the_proxy_log_holds_no_token(door: Door):
     assert not re.search(r"eyJ[\w-]+\.[\w-]+\.[\w-]+", log)
 
 
+def _registrations_until_refused(register: Callable[[str], int]) -> list[int]:
+    """The statuses of ``register(name)`` for fresh names, until one is 429 (at most three
+    bursts' worth)."""
+    statuses: list[int] = []
+    for n in range(REGISTER_BURST * 3):
+        statuses.append(register(f"user{n}{uuid.uuid4().hex[:8]}"))
+        if statuses[-1] == 429:
+            break
+    return statuses
+
+
 def test_a_forwarded_header_sent_straight_to_a_service_is_not_believed(door: Door):
     replica = door.replicas[0]
-    statuses = []
-    for n in range(REGISTER_BURST * 3):  # each claiming another address
+
+    def register(name: str, source: str, forwarded_for: str = "") -> int:
+        headers = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+        account = {"username": name, "password": PASSWORD}
         status, _ = _request(
-            "POST",
-            replica.port,
-            "/register",
-            {"username": f"spoof{n}{uuid.uuid4().hex[:6]}", "password": PASSWORD},
-            source="127.0.0.4",
-            headers={"X-Forwarded-For": f"10.1.2.{n}"},
+            "POST", replica.port, "/register", account, source=source, headers=headers
         )
-        statuses.append(status)
-        if status == 429:
-            break
-    assert statuses[-1] == 429, statuses  # one address, one budget
+        return status
+
+    # each claiming another address: one address, one budget
+    claims = iter(range(1000))
+    statuses = _registrations_until_refused(
+        lambda name: register(name, "127.0.0.4", f"10.1.2.{next(claims)}")
+    )
+    assert statuses[-1] == 429, statuses
     assert statuses.count(201) >= REGISTER_BURST - 1
     # another address straight to the same replica is served meanwhile
-    status, _ = _request(
-        "POST",
-        replica.port,
-        "/register",
-        {"username": f"honest{uuid.uuid4().hex[:6]}", "password": PASSWORD},
-        source="127.0.0.6",
-    )
-    assert status == 201
+    assert register(f"honest{uuid.uuid4().hex[:6]}", "127.0.0.6") == 201
 
 
 def test_two_clients_behind_the_proxy_are_limited_apart(door: Door):
@@ -349,27 +345,16 @@ def test_two_clients_behind_the_proxy_are_limited_apart(door: Door):
     quiet = next(
         f"127.0.0.{n}" for n in range(10, 40) if _replica_of(door, f"127.0.0.{n}") is replica
     )
-    statuses = []
-    for n in range(REGISTER_BURST * 3):
-        status, _ = _through(
-            door,
-            "/register",
-            {"username": f"busy{n}{uuid.uuid4().hex[:6]}", "password": PASSWORD},
-            source=busy,
-            headers={"X-Forwarded-For": "10.9.9.9"},
-        )
-        statuses.append(status)
-        if status == 429:
-            break
+
+    def register(name: str, source: str) -> int:
+        account = {"username": name, "password": PASSWORD}
+        headers = {"X-Forwarded-For": "10.9.9.9"}  # the same claim from both
+        status, _ = _through(door, "/register", account, source=source, headers=headers)
+        return status
+
+    statuses = _registrations_until_refused(lambda name: register(name, busy))
     assert statuses[-1] == 429, statuses
-    status, body = _through(
-        door,
-        "/register",
-        {"username": f"quiet{uuid.uuid4().hex[:6]}", "password": PASSWORD},
-        source=quiet,
-        headers={"X-Forwarded-For": "10.9.9.9"},
-    )
-    assert status == 201, body
+    assert register(f"quiet{uuid.uuid4().hex[:6]}", quiet) == 201
 
 
 async def test_the_tls_hop_takes_only_backends_its_ca_signed(
