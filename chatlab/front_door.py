@@ -20,8 +20,10 @@ What the configuration guarantees:
 - HTTP to the auth replicas is balanced by the client's address (``balance source``,
   consistent hashing): each client's per-address login limits live on one replica, as
   the contract's "N replicas" note asks of the load balancer;
-- each server is checked with ``GET /healthz`` (200 or out), so a draining or dead one
-  gets no new connections; a connection refused is retried on another server;
+- each server is checked with ``GET /healthz`` (200 or out) every
+  :attr:`FrontDoor.check_interval_ms`, which must stay below the chat server's
+  ``DRAIN_NOTICE_S``: a draining one is out before its listener closes, a dead one gets
+  no new connections, and a connection refused meanwhile is retried on another server;
 - the client's address reaches the services in ``X-Forwarded-For`` (appended: a service
   takes the right-most address that is not one of its ``TRUSTED_PROXIES``);
 - the log records the path without its query (``%HPO``): the page sends its token as
@@ -76,8 +78,10 @@ class FrontDoor:
     tunnel_timeout_s: int = 60
     #: a client that half-closed and went quiet is let go after this long
     client_fin_timeout_s: int = 5
-    #: each server's /healthz every this often; 2 failures take it out, 2 passes back in
-    check_interval_ms: int = 2000
+    #: each server's /healthz every this often; a failure takes it out, 2 passes bring
+    #: it back: below the chat server's DRAIN_NOTICE_S, so a draining one is out before
+    #: its listener closes
+    check_interval_ms: int = 1000
     #: connections the proxy holds at once; past it, new ones wait in the kernel's backlog
     max_connections: int = 10000
     #: run as Debian's ``haproxy`` user, chrooted (haproxy started as root, as systemd
@@ -160,7 +164,7 @@ def render(front: FrontDoor, command: str = "") -> str:
         f"    timeout client-fin {front.client_fin_timeout_s}s",
         f"    timeout server-fin {front.client_fin_timeout_s}s",
         "    timeout check 2s",
-        f"    default-server inter {front.check_interval_ms}ms fall 2 rise 2",
+        f"    default-server inter {front.check_interval_ms}ms fall 1 rise 2",
         "",
         "frontend front_door",
         # HTTP/1.1 only: each websocket its own TCP connection, which leastconn counts

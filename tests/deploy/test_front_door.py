@@ -14,6 +14,7 @@ import json
 import re
 import shlex
 import shutil
+import signal
 import ssl
 import uuid
 from collections.abc import Callable, Iterator
@@ -129,7 +130,7 @@ def door(
     postgres: PostgresProcess,
 ) -> Iterator[Door]:
     """HAProxy on 127.0.0.1 with TLS in front of two chat processes (``BROKER=redis``) and
-    two auth replicas (one PostgreSQL database, ``TRUSTED_PROXIES=127.0.0.1``)."""
+    two auth replicas (one PostgreSQL database), all with ``TRUSTED_PROXIES=127.0.0.1``."""
     workdir = tmp_path_factory.mktemp("front-door")
     for name in ("redis", "proxy", "auth0", "auth1", "chat0", "chat1"):
         (workdir / name).mkdir()
@@ -158,6 +159,8 @@ def door(
             redis_url=redis.url,
             jwt_jwks_url=jwks_urls,
             jwks_refresh_s=1,
+            trusted_proxies="127.0.0.1",
+            drain_notice_s=2,  # the default: a proxy checks /healthz here
             **NO_LIMITS,
         )
         for index in range(2)
@@ -202,15 +205,19 @@ def test_a_backend_without_a_port_exits_2_naming_it(capsys: pytest.CaptureFixtur
     assert "chat server '10.0.1.1': host:port expected" in capsys.readouterr().err
 
 
-def test_the_log_format_has_no_query_and_the_tunnel_outlasts_the_chat_servers_pings():
-    text = render(FrontDoor(("10.0.0.1:8000",), ("10.0.0.2:8001",), "/etc/haproxy/site.pem"))
+def test_the_defaults_log_no_query_outlast_the_pings_and_check_within_the_drain_notice():
+    front = FrontDoor(("10.0.0.1:8000",), ("10.0.0.2:8001",), "/etc/haproxy/site.pem")
+    text = render(front)
     log_format = next(line for line in text.splitlines() if "log-format" in line)
     assert "HPO" in log_format
     assert not re.search(r"%(\{[^}]*\})?(r|HU|HQ)\b", log_format), log_format
-    defaults = {spec.env: float(spec.default) for spec in CHAT_SPECS if spec.env.startswith("PING")}
-    tunnel_s = FrontDoor(("h:1",), ("h:1",), "").tunnel_timeout_s
-    assert tunnel_s > defaults["PING_INTERVAL_S"] + defaults["PING_TIMEOUT_S"]
-    assert f"timeout tunnel {tunnel_s}s" in text
+    chat = {spec.env: spec.default for spec in CHAT_SPECS}
+    ping_s = float(chat["PING_INTERVAL_S"]) + float(chat["PING_TIMEOUT_S"])
+    assert front.tunnel_timeout_s > ping_s
+    assert f"timeout tunnel {front.tunnel_timeout_s}s" in text
+    # one failed check takes a draining chat process out before its listener closes
+    assert front.check_interval_ms / 1000 < float(chat["DRAIN_NOTICE_S"])
+    assert f"inter {front.check_interval_ms}ms fall 1 " in text
 
 
 def test_the_page_over_https_chats_and_catches_up_after_its_chat_process_is_killed(
@@ -264,7 +271,7 @@ def test_the_page_over_https_chats_and_catches_up_after_its_chat_process_is_kill
 
 
 def test_logins_keep_succeeding_while_an_auth_replica_is_killed(door: Door):
-    source = "127.0.0.5"  # a client of its own, sent to one replica: that one is stopped
+    source = "127.0.0.5"  # a client of its own, sent to one replica: that one is killed
     account = {"username": f"stopper{uuid.uuid4().hex[:6]}", "password": PASSWORD}
     assert _through(door, "/register", account, source=source)[0] == 201
     serving = _replica_of(door, source)
@@ -274,6 +281,21 @@ def test_logins_keep_succeeding_while_an_auth_replica_is_killed(door: Door):
         assert status == 200, body
     assert _through(door, "/healthz")[0] == 200
     serving.start()
+    asyncio.run(wait_until(door.all_up, 20, door.proxy.server_states))
+
+
+def test_a_draining_chat_process_is_taken_out_on_its_503_before_its_listener_closes(
+    door: Door,
+):
+    draining = door.chats[1]
+    name = f"chat/chat{door.chats.index(draining) + 1}"
+    logged_before = len(door.proxy.log())
+    draining.signal(signal.SIGTERM)
+    assert draining.wait() == 0
+    since = door.proxy.log()[logged_before:]
+    # the proxy saw the 503 of DRAIN_NOTICE_S, not a refused connection
+    assert f"{name} is DOWN, reason: Layer7 wrong status, code: 503" in since, since
+    draining.start()
     asyncio.run(wait_until(door.all_up, 20, door.proxy.server_states))
 
 
