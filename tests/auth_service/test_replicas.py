@@ -4,7 +4,6 @@ and clients (the load test's, the web page) failing over to the others."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from chatlab.harness import AuthProcess, KeyPair, ServerProcess
 from loadtest.auth import AuthClient
 from loadtest.client import AuthError
 from tests.support import CHROMIUM, opens_chat, wait_until
-from tests.support.auth import TEST_SETTINGS
+from tests.support.auth import TEST_SETTINGS, logins_answered
 from tests.support.browser import CHROMEDRIVER, browsers
 
 PASSWORD = "correct horse"
@@ -29,15 +28,6 @@ def _kid(token: str) -> str:
 
 def _jwks_urls(replicas: list[AuthProcess]) -> str:
     return ",".join(replica.url("/.well-known/jwks.json") for replica in replicas)
-
-
-def _logins_answered(replica: AuthProcess) -> float:
-    """How many logins the replica answered 200 (its Prometheus counter)."""
-    text = replica.get("/metrics").body.decode()
-    found = re.search(
-        r'auth_requests_total\{[^}]*route="/login"[^}]*status="200"[^}]*\} (\S+)', text
-    )
-    return float(found.group(1)) if found else 0.0
 
 
 @pytest.fixture
@@ -134,7 +124,7 @@ async def test_a_replica_killed_under_login_load_loses_no_registration(
         worker.start()
     try:
         await wait_until(
-            lambda: len(created) >= 20 and _logins_answered(a) and _logins_answered(b),
+            lambda: len(created) >= 20 and logins_answered(a) and logins_answered(b),
             60,
             lambda: f"no load on both replicas: {failures}",
         )
@@ -187,7 +177,7 @@ def test_the_page_fails_over_to_another_replica(
             page.open(f"http://127.0.0.1:{chat.port}/")
             page.sign_in("pager", register=True)
             # kill the replica the page used: it goes back there first next time
-            used = next(r for r in replicas if _logins_answered(r))
+            used = next(r for r in replicas if logins_answered(r))
             used.kill()
             page.field("logout").click()
             page.wait(lambda: page.field("login-panel").is_displayed(), "logged out")

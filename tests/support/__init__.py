@@ -30,6 +30,7 @@ from chat_server.messages import (
     Send,
     ServerMessage,
 )
+from chatlab.haproxy import HAProxyProcess
 from chatlab.harness import (
     AUDIENCE,
     ISSUER,
@@ -179,14 +180,16 @@ class Client:
     @classmethod
     async def connect(
         cls,
-        server: ServerProcess,
+        server: ServerProcess | HAProxyProcess,
         token: str,
         serializer: str | None = None,
         headers: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> Client:
-        """Open a connection with the token in the Authorization header (and ``headers``)."""
-        serializer = serializer or server.serializer
+        """Open a connection with the token in the Authorization header (and ``headers``;
+        through a front door, which has no serializer of its own: orjson, the chat server's
+        default, unless ``serializer`` names another)."""
+        serializer = serializer or getattr(server, "serializer", "orjson")
         kwargs.setdefault("compression", None)
         if server.tls:
             kwargs.setdefault("ssl", server.client_ssl)

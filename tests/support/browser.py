@@ -38,7 +38,7 @@ return [...document.querySelectorAll('ol.messages')]
 class Browser:
     """One headless chromium session on the chat page, with what a person would do."""
 
-    def __init__(self, name: str, profile: Path) -> None:
+    def __init__(self, name: str, profile: Path, flags: tuple[str, ...] = ()) -> None:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
@@ -55,6 +55,7 @@ class Browser:
             "--disable-background-networking",
             "--window-size=1200,900",
             f"--user-data-dir={profile}",
+            *flags,
         ):
             options.add_argument(flag)
         self.name = name
@@ -134,12 +135,13 @@ def _header(headers: dict[str, str], name: str) -> str:
 
 
 @contextmanager
-def browsers(tmp_path: Path, *names: str) -> Iterator[list[Browser]]:
-    """Independent browser sessions; each one's screenshot is saved if the block fails."""
+def browsers(tmp_path: Path, *names: str, flags: tuple[str, ...] = ()) -> Iterator[list[Browser]]:
+    """Independent browser sessions (Chromium given ``flags`` too); each one's screenshot
+    is saved if the block fails."""
     opened: list[Browser] = []
     try:
         for name in names:
-            opened.append(Browser(name, tmp_path / f"profile-{name}"))
+            opened.append(Browser(name, tmp_path / f"profile-{name}", flags))
         yield opened
     except BaseException:
         for browser in opened:

@@ -8,7 +8,9 @@ certificate does not chain to (the "wrong CA").
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,3 +97,14 @@ def make_ca(directory: Path, name: str = "chatlab test CA") -> ThrowawayCA:
     made.cert_file.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
     made.key_file.write_bytes(_key_pem(server_key))
     return made
+
+
+def trusted_by_chromium(cert_file: Path) -> str:
+    """The Chromium flag that accepts ``cert_file``'s key whoever signed it (the base64
+    SHA-256 of its SubjectPublicKeyInfo): the page over https from a throwaway CA."""
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    spki = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    digest = base64.b64encode(hashlib.sha256(spki).digest()).decode()
+    return f"--ignore-certificate-errors-spki-list={digest}"
