@@ -166,13 +166,18 @@ def step_load(step: Step) -> MachineLoad | None:
 
 
 def core_step_load(step: Step) -> MachineLoad | None:
-    """What else ran on ``step``'s server core (None: its core was not read)."""
+    """What else ran on ``step``'s server core (None: its core was not read): not the
+    server, nor the lab's own processes beside it there (idle servers of a paired phase,
+    a proxy in front of the server)."""
+    beside = None
+    if step.idle_cpu_s is not None or step.proxy_cpu_s is not None:
+        beside = (step.idle_cpu_s or 0.0) + (step.proxy_cpu_s or 0.0)
     return core_load(
         step.window_s,
         step.server_core_busy_s,
         step.server_core_steal_s,
         step.server_cpu_s,
-        step.idle_cpu_s,
+        beside,
     )
 
 
