@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 # chromium-driver (selenium drives that chromium), prometheus (promtool checks
 # deploy/prometheus/, and a test runs prometheus against the services), postgresql
 # (the auth service's AUTH_DB_URL: the tests make and start clusters of their own with
-# its initdb and pg_ctl).
-DEB_PACKAGES="python3-venv sqlite3 redis-server redis-tools graphviz chromium chromium-driver prometheus postgresql"
+# its initdb and pg_ctl), haproxy (the front door in deploy/, and the lab's tls matrix
+# measures TLS terminated at it).
+DEB_PACKAGES="python3-venv sqlite3 redis-server redis-tools graphviz chromium chromium-driver prometheus postgresql haproxy"
 if command -v apt-get >/dev/null 2>&1; then
   missing=""
   for pkg in $DEB_PACKAGES; do
@@ -25,7 +26,7 @@ if command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
   fi
 else
-  echo "setup: no apt-get here; install sqlite3, redis-server, redis-tools, graphviz, chromium, chromium-driver, prometheus and postgresql yourself" >&2
+  echo "setup: no apt-get here; install sqlite3, redis-server, redis-tools, graphviz, chromium, chromium-driver, prometheus, postgresql and haproxy yourself" >&2
 fi
 
 PYTHON="${PYTHON:-python3}"
