@@ -263,6 +263,7 @@ class Lab:
                     target.stats_url,
                     sampler.t0,
                     self.generator_cores,
+                    stats_context=target.stats_context,
                 ).start()
             if config.fast:
                 self.phase(config, repeat, _fast_phase(load))

@@ -10,6 +10,7 @@ drain) and says in the run how it went.
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 from contextlib import suppress
@@ -233,9 +234,16 @@ class Target:
 
     @property
     def stats_url(self) -> str:
-        """The chat server's ``/stats``."""
+        """The chat server's ``/stats`` (https:// with TLS in the server: read it with
+        :attr:`stats_context`)."""
         assert self.server is not None
-        return f"http://127.0.0.1:{self.server.port}/stats"
+        return self.server.http_url("/stats")
+
+    @property
+    def stats_context(self) -> ssl.SSLContext | None:
+        """What verifies :attr:`stats_url` (None: plain http)."""
+        assert self.server is not None
+        return self.server.client_ssl
 
     @property
     def inline_auth_port(self) -> int | None:

@@ -20,8 +20,8 @@ TLS_LABELS = {"off": "plain", "server": "TLS in the server", "proxy": "TLS at HA
 
 
 def _named(label: str, config: str) -> str:
-    """``label (config)``, or the label alone where the configuration is named so."""
-    return label if label == config else f"{label} ({config})"
+    """``label (config)``, or the configuration's name alone where it starts with the label."""
+    return config if config.startswith(label) else f"{label} ({config})"
 
 
 @dataclass
