@@ -10,6 +10,7 @@ setting at fault, which each service's entry point turns into exit status 2.
 
 from __future__ import annotations
 
+import functools
 import ssl
 from pathlib import Path
 
@@ -76,6 +77,14 @@ def client_context(ca_file: str = "") -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca_file or None)
     context.minimum_version = MINIMUM_VERSION
     return context
+
+
+@functools.cache
+def shared_client_context(ca_file: str = "") -> ssl.SSLContext:
+    """:func:`client_context` for ``ca_file``, made once per process and shared by every
+    client of it: making one loads the CA certificates (~20 ms of CPU), which a load
+    generator must not pay per user or per connection."""
+    return client_context(ca_file)
 
 
 def check_ca_file(name: str, ca_file: str) -> ssl.SSLContext:

@@ -5,18 +5,16 @@ Nothing here imports Locust (see :mod:`loadtest.client`).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import random
-import ssl
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from chatlab.tls import client_context
+from chatlab.tls import shared_client_context
 from loadtest.client import LOGIN, REGISTER, RETRIED_STATUSES, AuthError
 
 #: where the next call starts in the list of replicas: shared by every client of this
@@ -66,9 +64,8 @@ class AuthClient:
         self.urls = auth_urls(base_urls)
         #: verifies an https:// replica's certificate: against ``ca_file``, or the system's
         #: CAs; None without one (plain http)
-        self.ssl_context = (
-            _shared_context(ca_file) if any(u.startswith("https://") for u in self.urls) else None
-        )
+        https = any(u.startswith("https://") for u in self.urls)
+        self.ssl_context = shared_client_context(ca_file) if https else None
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.max_wait_s = max_wait_s
@@ -193,11 +190,3 @@ def _seconds(retry_after: str | None) -> float:
         return max(float(retry_after or 1), 0.0)
     except ValueError:
         return 1.0
-
-
-@functools.cache
-def _shared_context(ca_file: str) -> ssl.SSLContext:
-    """One client context per CA file for every client of this process: making one loads
-    the CA certificates (~20 ms of CPU), and a Locust user makes a client as it starts,
-    so five users spawning at once held the generator's sends back by over 100 ms."""
-    return client_context(ca_file)

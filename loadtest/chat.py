@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import random
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -46,6 +47,7 @@ from locust.env import Environment
 from locust.exception import StopUser
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
+from chatlab.tls import shared_client_context
 from loadtest.auth import AuthClient, auth_urls
 from loadtest.client import (
     CONNECT,
@@ -130,16 +132,25 @@ def _auth_client(environment: Environment, options: Options) -> AuthClient:
     def on_retry(name: str, status: int) -> None:
         PROCESS.ledger.auth_retried += 1
 
-    return AuthClient(options.auth_url, on_request=on_request, on_retry=on_retry)
+    return AuthClient(
+        options.auth_url, on_request=on_request, on_retry=on_retry, ca_file=options.ca_file
+    )
 
 
-def _unreachable(auth_url: str) -> str | None:
+def _ws_context(url: str, options: Options) -> ssl.SSLContext | None:
+    """The process's one TLS context for a ``wss://`` chat server (verified against
+    ``--ca-file``); None for ``ws://``."""
+    return shared_client_context(options.ca_file) if url.startswith("wss://") else None
+
+
+def _unreachable(auth_url: str, ca_file: str = "") -> str | None:
     """None when the auth service (one of its replicas) answers ``GET /healthz``; else why
-    none does."""
+    none does (an https replica is verified against ``ca_file``)."""
     why = "no URL"
     for url in auth_urls(auth_url):
+        context = shared_client_context(ca_file) if url.startswith("https://") else None
         try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=5):
+            with urllib.request.urlopen(f"{url}/healthz", timeout=5, context=context):
                 return None
         except urllib.error.HTTPError:
             return None  # it answered
@@ -250,7 +261,13 @@ class ChatUser(User):
         joined = Event()
         session.on_joined = joined.set
         try:
-            session.connect(self.host or DEFAULT_HOST, self.token or "", deflate=options.deflate)
+            host = self.host or DEFAULT_HOST
+            session.connect(
+                host,
+                self.token or "",
+                deflate=options.deflate,
+                ssl_context=_ws_context(host, options),
+            )
         except LoadTestFailure as exc:
             if isinstance(exc, HandshakeFailed) and exc.status == 401 and not options.token_file:
                 self.token = None  # expired or refused: log in again next time
@@ -387,7 +404,7 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     _ran[:] = [True]
     _aborted.clear()
     if not isinstance(runner, WorkerRunner) and options.target == "chat" and not options.token_file:
-        why = _unreachable(options.auth_url)
+        why = _unreachable(options.auth_url, options.ca_file)
         if why is not None:  # before any user starts: one line, not a failed login per user
             _abort_run(environment, _auth_unreachable_reason(options, why))
             return

@@ -19,6 +19,7 @@ in ms or None, ``response_length``, ``exception``, ``context``).
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from websockets.uri import parse_uri
 from chat_server.codecs.base import Codec
 from chat_server.errors import CodecError
 from chat_server.messages import Ack, Error, Join, Joined, Message, Send
+from chatlab.tls import shared_client_context
 
 Report = Callable[..., None]
 
@@ -138,6 +140,9 @@ class WsConnection:
     one greenlet while another blocks in ``receive``: writes are serialised by a lock.
     ``deflate=True`` offers permessage-deflate as browsers do (websockets' client
     settings); the server compresses only when its ``WS_DEFLATE`` is on or shared.
+    A ``wss://`` URL is spoken over TLS inside ``timeout_s`` too, the server's certificate
+    and name verified with ``ssl_context`` (None: the system's CAs); a certificate that
+    does not verify is an ``ssl.SSLError`` (an ``OSError``).
     """
 
     def __init__(
@@ -149,6 +154,7 @@ class WsConnection:
         timeout_s: float = 10.0,
         max_size: int = 2**20,
         deflate: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         uri = parse_uri(url)
         self.protocol = ClientProtocol(
@@ -157,8 +163,16 @@ class WsConnection:
             extensions=enable_client_permessage_deflate(None) if deflate else None,
             max_size=max_size,
         )
-        self.sock = socket.create_connection((uri.host, uri.port), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((uri.host, uri.port), timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if uri.secure:
+            context = ssl_context or shared_client_context()
+            try:
+                sock = context.wrap_socket(sock, server_hostname=uri.host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self._write_lock = Lock()
         self.closing = False
         self.ended = False
@@ -367,14 +381,23 @@ class Session:
         self._decode = codec.decode_server
         self._text = not codec.binary
 
-    def connect(self, url: str, token: str, timeout_s: float = 10.0, deflate: bool = False) -> None:
-        """Open the connection (reporting ``connect``: TCP connect to the handshake's end)."""
+    def connect(
+        self,
+        url: str,
+        token: str,
+        timeout_s: float = 10.0,
+        deflate: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """Open the connection (reporting ``connect``: TCP connect to the handshake's end,
+        the TLS handshake included for ``wss://``, verified with ``ssl_context``)."""
         self._open(
             url,
             headers={"Authorization": f"Bearer {token}"},
             subprotocol=self.codec.subprotocol,
             timeout_s=timeout_s,
             deflate=deflate,
+            ssl_context=ssl_context,
         )
 
     def _open(self, url: str, **kwargs: Any) -> None:
@@ -616,11 +639,21 @@ class RelaySession(Session):
     """
 
     def connect(
-        self, url: str, token: str = "", timeout_s: float = 10.0, deflate: bool = False
+        self,
+        url: str,
+        token: str = "",
+        timeout_s: float = 10.0,
+        deflate: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """Open ``url?room=ROOM`` (reporting ``connect``); the relay has no join."""
         sep = "&" if "?" in url else "?"
-        self._open(f"{url}{sep}room={self.room}", timeout_s=timeout_s, deflate=deflate)
+        self._open(
+            f"{url}{sep}room={self.room}",
+            timeout_s=timeout_s,
+            deflate=deflate,
+            ssl_context=ssl_context,
+        )
         self.join_seq = 0
 
     def join(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from chat_server.codecs import CODEC_NAMES
@@ -43,6 +44,12 @@ def add_arguments(parser: Any, **_kwargs: Any) -> None:
         default=DEFAULT_AUTH_URL,
         help="auth service, or its replicas comma-separated (round robin; a replica that "
         f"refuses the connection or answers 503 is passed for the next) [{DEFAULT_AUTH_URL}]",
+    )
+    parser.add_argument(
+        "--ca-file",
+        default="",
+        help="PEM CA certificates that verify a wss:// host and an https:// --auth-url "
+        "[the system's CAs]",
     )
     parser.add_argument(
         "--auth-mode",
@@ -100,6 +107,7 @@ class Options:
     schedule: Schedule
     pause_s: tuple[float, float]
     auth_url: str
+    ca_file: str
     auth_mode: str
     token_file: str
     room_size: int
@@ -124,12 +132,15 @@ def resolve_options(parsed: Any) -> Options:
         stages, source = profile.stages, f"profile {profile.name}"
     if parsed.room_size < 1:
         raise ValueError(f"--room-size {parsed.room_size}: must be 1 or more")
+    if parsed.ca_file and not Path(parsed.ca_file).is_file():
+        raise ValueError(f"--ca-file {parsed.ca_file}: no such file (PEM CA certificates)")
     return Options(
         target=parsed.target,
         stages_source=source,
         schedule=Schedule(stages),
         pause_s=parse_pause(parsed.pause) if parsed.pause else profile.pause_s,
         auth_url=parsed.auth_url,
+        ca_file=parsed.ca_file,
         auth_mode=parsed.auth_mode,
         token_file=parsed.token_file,
         room_size=parsed.room_size,

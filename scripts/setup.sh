@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # deploy/prometheus/, and a test runs prometheus against the services), postgresql
 # (the auth service's AUTH_DB_URL: the tests make and start clusters of their own with
 # its initdb and pg_ctl), haproxy (the front door, deploy/haproxy: a test runs it in
-# front of both services).
+# front of both services, and the lab's tls matrix measures TLS terminated at it).
 DEB_PACKAGES="python3-venv sqlite3 redis-server redis-tools graphviz chromium chromium-driver prometheus postgresql haproxy"
 if command -v apt-get >/dev/null 2>&1; then
   missing=""

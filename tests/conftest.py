@@ -19,8 +19,8 @@ import pytest
 
 from chat_server.settings import TRANSPORTS
 from chatlab.postgres import PostgresProcess
+from chatlab.throwaway_ca import ThrowawayCA, make_ca
 from tests.support import KeyPair, RedisClusterProcesses, RedisProcess, ServerProcess
-from tests.support.tls import ThrowawayCA, make_ca
 
 #: the transport of tests not marked ``transports``
 DEFAULT_TRANSPORT = os.environ.get("CHATLAB_TEST_TRANSPORT", "websockets")

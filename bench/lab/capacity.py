@@ -70,6 +70,8 @@ def fast_driver(
     t0_monotonic: float | None = None,
     server_pid: int | None = None,
     server_cores: str = "off",
+    ca_file: str = "",
+    proxy_pid: int | None = None,
 ) -> DriverArgs:
     """The fast driver's arguments for ``load`` against ``url`` (a climb where ``load``
     climbs), for a target with the toggles ``env``."""
@@ -102,6 +104,10 @@ def fast_driver(
         lab_pid=os.getpid() if server_pid is not None else None,
         server_cores=server_cores,
         body_chars=load.body_chars or None,
+        # wss:// (TLS in the server or at a proxy): verified against the lab's CA; a
+        # proxy's CPU is read beside the server's
+        ca_file=ca_file,
+        proxy_pid=proxy_pid,
     )
 
 

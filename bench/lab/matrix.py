@@ -22,6 +22,10 @@ from loadtest.profiles import PROFILES
 MATRICES_DIR = Path(__file__).resolve().parent.parent / "matrices"
 
 TARGETS = ("chat", "relay")
+#: where a chat configuration's TLS is (``Config.tls``): none, in the server itself
+#: (``TLS_CERT_FILE``), or at HAProxy in front of it, the hop behind plain
+#: (:mod:`bench.lab.proxy`); the lab makes a throwaway certificate for either
+TLS_MODES = ("off", "server", "proxy")
 AUTH_MODES = ("prelogin", "login")
 #: a climb's steps at most (for time estimates and timeouts: doubling up, then bisecting)
 MAX_CLIMB_STEPS = 14
@@ -133,6 +137,7 @@ class Config:
     # runs beyond the matrix's repeat, interleaved after the others: for a figure that
     # moves more between runs than the rest (a relay's knee on a shared machine)
     extra_repeats: int = 0
+    tls: str = "off"  # one of TLS_MODES (chat target only)
 
     def slug(self) -> str:
         """The name as a directory name."""
@@ -142,10 +147,12 @@ class Config:
 
 def shares_core(config: Config) -> bool:
     """Whether ``config`` can run beside others on the server's core in a paired cost
-    phase: one process (one worker, no Redis) pinned as the lab pins it."""
+    phase: one process (one worker, no Redis, plain: the paired driver speaks ws://)
+    pinned as the lab pins it."""
     env = config.env
     return (
         config.fast
+        and config.tls == "off"
         and env.get("WORKERS", "1") == "1"
         and env.get("CPU_AFFINITY", "server") == "server"
         and env.get("BROKER", "memory") != "redis"
@@ -319,6 +326,8 @@ def load_matrix(name_or_path: str) -> Matrix:
             raise MatrixError(f"{where}: {name}: target {config.target!r}: allowed {TARGETS}")
         if config.target == "relay":
             _check_relay_env(config.env, f"{where}: {name}")
+        if config.tls not in TLS_MODES or (config.tls != "off" and config.target != "chat"):
+            raise MatrixError(f"{where}: {name}: tls {config.tls!r}: allowed {TLS_MODES} (chat)")
         if config.auth_mode not in AUTH_MODES:
             raise MatrixError(f"{where}: {name}: auth_mode {config.auth_mode!r}: {AUTH_MODES}")
         configs.append(config)

@@ -223,12 +223,14 @@ def step_load(step: Step) -> MachineLoad | None:
 
 
 def core_step_load(step: Step) -> MachineLoad | None:
-    """What else ran on ``step``'s server core (None: its core was not read); for results
-    saved before the core was counted process by process, its busy time less the server's
-    and the idle servers' CPU."""
+    """What else ran on ``step``'s server core (None: its core was not read): not the
+    server, nor the lab's own processes beside it there (idle servers of a paired phase,
+    a proxy in front of the server); for results saved before the core was counted
+    process by process, its busy time less the server's and those processes' CPU."""
     others = step.server_core_others_s
     if others is None and step.server_core_busy_s is not None and step.server_cpu_s is not None:
-        others = step.server_core_busy_s - step.server_cpu_s - (step.idle_cpu_s or 0.0)
+        beside = (step.idle_cpu_s or 0.0) + (step.proxy_cpu_s or 0.0)
+        others = step.server_core_busy_s - step.server_cpu_s - beside
     return core_load(step.window_s, others, step.server_core_steal_s)
 
 

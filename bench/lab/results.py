@@ -116,6 +116,9 @@ class Step:
     # summed over every core
     window_s: float = 0.0
     server_cpu_s: float | None = None
+    # a proxy's in front of the server (HAProxy terminating TLS), read apart from the
+    # server's over the same window (None: no proxy)
+    proxy_cpu_s: float | None = None
     others_cpu_s: float | None = None
     steal_s: float | None = None
     # acks received during the step (the chat server's N+1th frame per send; one for a
@@ -155,6 +158,14 @@ class Step:
         if self.server_cpu_s is None or self.delivered <= 0 or self.window_s <= 0:
             return None
         return self.server_cpu_s * 1e6 / self.delivered
+
+    @property
+    def proxy_us_per_frame(self) -> float | None:
+        """The proxy's CPU µs per delivered ``message`` frame over the step's window (None:
+        no proxy, or nothing delivered)."""
+        if self.proxy_cpu_s is None or self.delivered <= 0 or self.window_s <= 0:
+            return None
+        return self.proxy_cpu_s * 1e6 / self.delivered
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
@@ -318,6 +329,8 @@ class Run:
     side_skipped: str = ""
     status: str = "ok"  # "ok" | "failed" | "interrupted"
     error: str = ""
+    # where the run's TLS was (bench.lab.matrix.TLS_MODES): off, in the server, at a proxy
+    tls: str = "off"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Run:

@@ -43,6 +43,7 @@ from bench.lab.side import measure_side, side_skipped
 from bench.lab.tailwatch import TailWatch
 from bench.lab.target import LAB_AUTH, Target, pin
 from chatlab.harness import ROOT, AuthProcess, KeyPair
+from chatlab.throwaway_ca import ThrowawayCA, make_ca
 
 log = logging.getLogger("bench.lab")
 
@@ -78,6 +79,8 @@ def run_matrix(
     results_path = out_dir / "results.json"
     lab = Lab(out_dir, repeat, server_cores, generator_cores, progress=progress, results=results)
     lab.auth_urls = auth_urls
+    if any(c.tls != "off" for c in matrix.configs):
+        lab.ca = make_ca(out_dir / "tls", "chatlab lab CA")
     try:
         if any(c.target == "chat" for c in matrix.configs):
             if progress is not None:
@@ -218,6 +221,8 @@ class Lab:
     auth: AuthProcess | None = None
     keys: KeyPair | None = None
     token_file: Path | None = None
+    #: the throwaway certificate of configurations with TLS (in the server or the proxy)
+    ca: ThrowawayCA | None = None
     t0: float = field(default_factory=time.monotonic)
     interrupted: bool = False
     _children: list[subprocess.Popen[Any]] = field(default_factory=list)
@@ -236,6 +241,7 @@ class Lab:
             keys=self.keys,
             auth=self.auth,
             auth_urls=self.auth_urls,
+            ca=self.ca,
         )
         self._targets.append(target)
         watch: TailWatch | None = None
@@ -243,6 +249,8 @@ class Lab:
             self.phase(config, repeat, "starting")
             target.startup()
             sampler.watch("server", target.pid)
+            if target.proxy_pid is not None:
+                sampler.watch("proxy", target.proxy_pid)
             if target.redis is not None:
                 sampler.watch("redis", target.redis.pids())
             if config.env.get("CPU_AFFINITY") == "off":
@@ -255,6 +263,7 @@ class Lab:
                     target.stats_url,
                     sampler.t0,
                     self.generator_cores,
+                    stats_context=target.stats_context,
                 ).start()
             if config.fast:
                 self.phase(config, repeat, _fast_phase(load))
@@ -409,6 +418,7 @@ class Lab:
             server_cores=self.server_cores,
             generator_cores=self.generator_cores,
             started_s=round(time.monotonic() - self.t0, 2),
+            tls=config.tls,
         )
         return workdir, run, Sampler(time.monotonic(), cores=self.generator_cores).start()
 
@@ -430,6 +440,8 @@ class Lab:
             json_out=out,
             t0_monotonic=sampler.t0,
             server_pid=target.pid,
+            ca_file=target.ca_file,
+            proxy_pid=target.proxy_pid,
             server_cores=",".join(map(str, self.server_cores))
             if config.env.get("CPU_AFFINITY", "server") == "server" and self.server_cores
             else "off",
@@ -478,6 +490,8 @@ class Lab:
         ]
         if load.locust_stages:
             command += ["--stages", load.locust_stages]
+        if target.ca_file:
+            command += ["--ca-file", target.ca_file]
         if config.auth_mode == "login":
             auth_url = self.auth_url()
             if target.inline_auth_port is not None:

@@ -12,6 +12,7 @@ events of each kind, so it is read while the run goes, not once at the end.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 import urllib.request
@@ -104,8 +105,11 @@ class TailWatch:
         stats_url: str,
         t0_monotonic: float,
         cores: list[int] | None = None,
+        *,
+        stats_context: ssl.SSLContext | None = None,
     ) -> None:
         self._scrape = scrape
+        self._stats_context = stats_context  # verifies an https:// stats_url
         self._cores = cores  # where its thread runs: the generator's cores
         self._port = metrics_port
         self._stats_url = stats_url
@@ -142,7 +146,9 @@ class TailWatch:
 
     def _read_events(self) -> None:
         with suppress(OSError, ValueError, KeyError):
-            with urllib.request.urlopen(self._stats_url, timeout=5) as reply:
+            with urllib.request.urlopen(
+                self._stats_url, timeout=5, context=self._stats_context
+            ) as reply:
                 tail = json.loads(reply.read())["tail"]
             unix_t0 = time.time() - (time.monotonic() - self._t0)
             for event in tail_events(tail, unix_t0):

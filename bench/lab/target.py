@@ -10,6 +10,7 @@ drain) and says in the run how it went.
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 from contextlib import suppress
@@ -20,6 +21,7 @@ import psutil
 
 from bench.lab.facts import usable_cores
 from bench.lab.matrix import Config
+from bench.lab.proxy import HaproxyProcess
 from bench.lab.results import Run
 from chatlab.harness import (
     ROOT,
@@ -32,6 +34,7 @@ from chatlab.harness import (
     free_port,
 )
 from chatlab.settings import parse_core_list
+from chatlab.throwaway_ca import ThrowawayCA
 
 #: the auth service of a lab run: real argon2 (its defaults), long tokens, no per-address
 #: limits (every simulated user comes from 127.0.0.1)
@@ -124,7 +127,10 @@ def pin(proc: subprocess.Popen[Any] | None, cores: list[int]) -> None:
 
 
 class Target:
-    """One configuration's server (or relay) and the Redis it needs, for one run."""
+    """One configuration's server (or relay) and the Redis it needs, for one run; with
+    ``tls`` the server serves TLS with ``ca``'s certificate (``server``), or HAProxy in
+    front of it does (``proxy``: the drivers speak to the proxy, which runs on the
+    server's cores)."""
 
     def __init__(
         self,
@@ -135,7 +141,11 @@ class Target:
         keys: KeyPair | None = None,
         auth: AuthProcess | None = None,
         auth_urls: tuple[str, ...] = (),
+        ca: ThrowawayCA | None = None,
     ) -> None:
+        if config.tls != "off" and ca is None:
+            raise ValueError(f"{config.name}: tls {config.tls} needs a certificate (ca)")
+        self.ca = ca
         self.config = config
         self.workdir = workdir
         self.cores = cores
@@ -146,6 +156,7 @@ class Target:
         #: the configuration's, with BROKER=redis (a cluster with REDIS_CLUSTER=on)
         self.redis: RedisProcess | RedisClusterProcesses | None = None
         self.metrics_port = 0  # 0: none (the relay)
+        self.proxy: HaproxyProcess | None = None  # tls = "proxy"
 
     # ---- startup and shutdown ----------------------------------------------------------
 
@@ -161,13 +172,22 @@ class Target:
             if env.get("BROKER") == "redis":
                 env["REDIS_URL"] = self._start_redis(env).url
             assert self.keys is not None
-            self.server = ServerProcess(self.workdir, self.keys, **env)
+            ca_file = self.ca.ca_file if self.ca is not None else ""
+            self.server = ServerProcess(self.workdir, self.keys, ca_file=ca_file, **env)
             self.server.start(timeout_s=30)
+            if self.config.tls == "proxy":
+                assert self.ca is not None
+                self.proxy = HaproxyProcess(self.workdir, self.server.port, self.ca)
+                self.proxy.start()
+                pin(self.proxy.proc, self.cores)
         return self
 
     def shutdown(self, run: Run) -> None:
-        """Stop the server (SIGTERM: a clean drain), then its Redis; a failure goes into
-        ``run``."""
+        """Stop the proxy, the server (SIGTERM: a clean drain), then its Redis; a failure
+        goes into ``run``."""
+        if self.proxy is not None:
+            with suppress(Exception):
+                self.proxy.stop()
         if self.server is not None:
             try:
                 status = self.server.stop()
@@ -180,19 +200,31 @@ class Target:
 
     def close(self) -> None:
         """Stop whatever still runs, without a verdict (Ctrl-C, or a start that failed)."""
-        for service in (self.server, self.redis):
+        for service in (self.proxy, self.server, self.redis):
             if service is not None:
                 with suppress(Exception):
                     service.stop()
-        self.server = self.redis = None
+        self.server = self.redis = self.proxy = None
 
     # ---- what the drivers and samplers need --------------------------------------------
 
     @property
     def url(self) -> str:
-        """The websocket URL the drivers load."""
+        """The websocket URL the drivers load (the proxy's, where there is one)."""
+        if self.proxy is not None:
+            return self.proxy.url
         assert self.server is not None
         return self.server.url
+
+    @property
+    def ca_file(self) -> str:
+        """The CA file the drivers verify :attr:`url` with ("": plain ws://)."""
+        return str(self.ca.ca_file) if self.ca is not None and self.config.tls != "off" else ""
+
+    @property
+    def proxy_pid(self) -> int | None:
+        """HAProxy's process id (None: no proxy)."""
+        return self.proxy.proc.pid if self.proxy is not None and self.proxy.proc else None
 
     @property
     def pid(self) -> int:
@@ -202,9 +234,16 @@ class Target:
 
     @property
     def stats_url(self) -> str:
-        """The chat server's ``/stats``."""
+        """The chat server's ``/stats`` (https:// with TLS in the server: read it with
+        :attr:`stats_context`)."""
         assert self.server is not None
-        return f"http://127.0.0.1:{self.server.port}/stats"
+        return self.server.http_url("/stats")
+
+    @property
+    def stats_context(self) -> ssl.SSLContext | None:
+        """What verifies :attr:`stats_url` (None: plain http)."""
+        assert self.server is not None
+        return self.server.client_ssl
 
     @property
     def inline_auth_port(self) -> int | None:
@@ -226,10 +265,14 @@ class Target:
         )
 
     def server_env(self) -> dict[str, str]:
-        """The chat server's settings: the lab's, the configuration's toggles, its cores,
+        """The chat server's settings: the lab's, the configuration's toggles, its TLS, its cores,
         a metrics port, the auth service's key (or JWK sets), profiling and a regression's
         needs."""
         env = {**LAB_SERVER, **self.config.env}
+        if self.config.tls == "server":
+            assert self.ca is not None
+            env["TLS_CERT_FILE"] = str(self.ca.cert_file)
+            env["TLS_KEY_FILE"] = str(self.ca.key_file)
         if env.get("CPU_AFFINITY", "server") == "server":
             env["CPU_AFFINITY"] = ",".join(map(str, self.cores)) or "off"
         self.metrics_port = free_port()

@@ -2,7 +2,7 @@
 server fetching its JWK set over https, verified with TLS_CA_FILE.
 
 One service is shared by the module's tests; the CA is a throwaway one
-(:mod:`tests.support.tls`).
+(:mod:`chatlab.throwaway_ca`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import pytest
 
 from auth_service.settings import SPECS
 from chatlab.harness import AuthProcess, KeyPair, ServerProcess, http_request
+from chatlab.throwaway_ca import ThrowawayCA
 from chatlab.tls import client_context
 from loadtest.auth import AuthClient
 from loadtest.seed import seed
 from tests.support import opens_chat
 from tests.support.auth import TEST_SETTINGS
-from tests.support.tls import ThrowawayCA
 
 PASSWORD = "correct horse"
 

@@ -37,6 +37,7 @@ from bench.lab.results import PERCENTILES, Step, TimePoint, stalled_points
 from chat_server.codecs import get_codec
 from chat_server.messages import Send
 from chatlab.harness import ROOT, KeyPair, ServerProcess, free_port
+from chatlab.throwaway_ca import ThrowawayCA
 from tests.support import running_relay
 
 #: a short run: 20 connections in rooms of 10, two 1 s steps
@@ -153,6 +154,41 @@ def test_driver_delivers_every_frame_to_the_whole_room_of_a_chat_server(
     for step in assert_complete_steps(out, (200, 400), connections=20):
         assert set(step.ack_latency_ms) == set(PERCENTILES)
         assert 0 < step.ack_latency_ms["p50"] <= step.ack_latency_ms["max"]
+
+
+def test_driver_speaks_wss_verified_against_the_ca_file_and_reads_the_servers_cpu(
+    start_server: Callable[..., ServerProcess],
+    keys: KeyPair,
+    ca: ThrowawayCA,
+    wrong_ca: ThrowawayCA,
+    tmp_path: Path,
+) -> None:
+    server = start_server(
+        ca_file=ca.ca_file,
+        tls_cert_file=ca.cert_file,
+        tls_key_file=ca.key_file,
+        rate_limit_per_s=1000,
+        rate_limit_burst=1000,
+        log_level="warning",
+    )
+    assert server.url.startswith("wss://")
+    token_file = tmp_path / "tokens.json"
+    token_file.write_text(json.dumps({f"lab{i}": keys.mint(f"lab{i}") for i in range(10)}))
+    out = tmp_path / "steps.json"
+    common = ("--target", "chat", "--url", server.url, "--token-file", str(token_file))
+    result = run_driver(
+        *common,
+        *("--ca-file", str(ca.ca_file), "--server-pid", str(server.proc.pid)),
+        *(*SHORT_RUN, "--json-out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    for step in assert_complete_steps(out, (200, 400), connections=20):
+        # the TLS work is the server's own threads': counted in its CPU per frame
+        assert step.server_us_per_frame is not None and step.server_us_per_frame > 0
+        assert step.proxy_cpu_s is None and step.proxy_us_per_frame is None
+    refused = run_driver(*common, "--ca-file", str(wrong_ca.ca_file), *SHORT_RUN)
+    assert refused.returncode == 1, refused.stderr
+    assert "SSLCertVerificationError" in refused.stderr
 
 
 def test_with_retry_a_killed_server_is_reconnected_and_nothing_is_stored_twice(
@@ -520,6 +556,8 @@ def test_the_one_builder_of_the_drivers_command_line_reads_back_to_the_same_valu
         lab_pid=os.getppid(),
         retry=True,
         server_cores="0",
+        ca_file=str(tokens),
+        proxy_pid=os.getpid(),
     )
     config = parse_args(built.argv())
     assert (config.target, config.url, config.serializer) == ("chat", built.url, "protobuf")
@@ -532,8 +570,10 @@ def test_the_one_builder_of_the_drivers_command_line_reads_back_to_the_same_valu
     assert (config.cost_rates, config.cost_step_s) == ((50.0, 75.0), 3.0)
     assert (config.server_pid, config.lab_pid) == (os.getpid(), os.getppid())
     assert config.server_cores == (0,)
+    assert (config.ca_file, config.proxy_pid) == (str(tokens), os.getpid())
     assert built.command()[1:3] == ["-m", "bench.lab.driver"]
     # what is left unset keeps the driver's defaults
     plain = parse_args(DriverArgs("relay", "ws://h:1/ws", 10, (5.0,), 1, 0, 0).argv())
     assert plain.climb_slo is None and plain.cost_rates == () and plain.server_pid is None
     assert plain.server_cores is None
+    assert plain.ca_file == "" and plain.proxy_pid is None

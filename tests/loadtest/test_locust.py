@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from chatlab.harness import AuthProcess, KeyPair, ServerProcess, free_port
+from chatlab.throwaway_ca import ThrowawayCA
 from loadtest.profiles import (
     PROFILES,
     QUIET_TAIL_S,
@@ -145,6 +146,45 @@ def test_a_login_refused_503_and_retried_is_counted_apart_not_as_a_failure(
     _assert_clean_delivery(run)  # exit 0, no failure in any entry
     assert run.count("login") == 2
     assert "auth: calls answered 429/503 and retried after Retry-After: " in run.output
+
+
+def test_users_log_in_over_https_and_chat_over_wss_verified_against_the_ca_file(
+    tmp_path: Path,
+    start_server: Callable[..., ServerProcess],
+    ca: ThrowawayCA,
+    wrong_ca: ThrowawayCA,
+) -> None:
+    tls = {"TLS_CERT_FILE": str(ca.cert_file), "TLS_KEY_FILE": str(ca.key_file)}
+    (tmp_path / "auth").mkdir()
+    auth = AuthProcess(tmp_path / "auth", ca_file=ca.ca_file, **LOAD_TEST_AUTH, **tls).start()
+    try:
+        server = start_server(
+            ca_file=ca.ca_file, jwt_public_key=str(auth.public_path), log_level="warning", **tls
+        )
+        assert server.url.startswith("wss://") and auth.url().startswith("https://")
+        common = ["-H", server.url, "--auth-url", auth.url(), "--auth-mode", "login"]
+        run = run_locust(
+            tmp_path,
+            *common,
+            "--stages",
+            "2s:4@100,3s:4,2s:4:quiet",
+            "--pause",
+            "0.2-0.3",
+            "--ca-file",
+            str(ca.ca_file),
+        )
+        # a CA that did not sign the services' certificate: nothing is believed, the run stops
+        (tmp_path / "wrong").mkdir()
+        wrong = ["--ca-file", str(wrong_ca.ca_file)]
+        refused = run_locust(tmp_path / "wrong", *common, "--load-profile", "smoke", *wrong)
+    finally:
+        auth.stop()
+    _assert_clean_delivery(run)
+    assert run.count("login") == 4
+    assert run.report["deliveries"]["delivered"] == run.report["deliveries"]["sent"] * 4
+    assert refused.returncode == 2, refused.output
+    assert "(SSLCertVerificationError)" in refused.output
+    assert "fanout" not in refused.stats
 
 
 def test_an_unreachable_auth_service_stops_the_run_with_one_clear_line(tmp_path: Path) -> None:

@@ -72,6 +72,11 @@ class DriverConfig:
     # servers of the lab that share the server's cores, idle meanwhile (a paired cost
     # phase): their CPU over each window is read apart from the server's
     neighbour_pids: tuple[int, ...] = ()
+    # a wss:// URL's certificate is verified against this PEM CA file ("": the system's)
+    ca_file: str = ""
+    # a proxy in front of the server (HAProxy terminating TLS): its CPU is read over each
+    # window apart from the server's
+    proxy_pid: int | None = None
 
 
 def load_tokens(path: Path) -> tuple[str, ...]:
@@ -227,6 +232,17 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         "µs per delivered frame [not read]",
     )
     parser.add_argument(
+        "--proxy-pid",
+        type=int,
+        help="a proxy between driver and server (--url is the proxy's): read its process "
+        "tree's CPU over each step's send phase apart from the server's [none]",
+    )
+    parser.add_argument(
+        "--ca-file",
+        default="",
+        help="PEM CA certificates that verify a wss:// --url [the system's CAs]",
+    )
+    parser.add_argument(
         "--lab-pid",
         type=int,
         help="the process tree whose CPU is not 'other processes' (the lab that started "
@@ -256,7 +272,7 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         parser.error("--sustain-s must be 0 or more and 0 < --sustain-share <= 1")
     if not args.cost_step_s > 0:
         parser.error(f"--cost-step-s {args.cost_step_s}: allowed: more than 0")
-    for name in ("server_pid", "lab_pid"):
+    for name in ("server_pid", "lab_pid", "proxy_pid"):
         pid = getattr(args, name)
         if pid is not None and not psutil.pid_exists(pid):
             parser.error(f"--{name.replace('_', '-')} {pid}: no such process")
@@ -277,6 +293,8 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
             parser.error(f"--max-rate {args.max_rate:g}: allowed: at least the first rate")
     if args.body_chars < MIN_BODY_CHARS:
         parser.error(f"--body-chars {args.body_chars}: allowed: {MIN_BODY_CHARS} or more")
+    if args.ca_file and not Path(args.ca_file).is_file():
+        parser.error(f"--ca-file {args.ca_file}: no such file (PEM CA certificates)")
     if args.json_out is not None and not args.json_out.parent.is_dir():
         parser.error(f"--json-out {args.json_out}: its directory does not exist")
     tokens: tuple[str, ...] = ()
@@ -330,6 +348,8 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         server_pid=args.server_pid,
         lab_pid=args.lab_pid,
         server_cores=server_cores,
+        ca_file=args.ca_file,
+        proxy_pid=args.proxy_pid,
     )
 
 
@@ -366,6 +386,8 @@ class DriverArgs:
     retry: bool = False
     server_cores: str = "off"
     body_chars: int | None = None
+    ca_file: str = ""
+    proxy_pid: int | None = None
 
     def argv(self) -> list[str]:
         """The driver's arguments (after ``python -m bench.lab.driver``)."""
@@ -394,6 +416,8 @@ class DriverArgs:
             "--server-pid": self.server_pid,
             "--lab-pid": self.lab_pid,
             "--body-chars": self.body_chars,
+            "--ca-file": self.ca_file or None,
+            "--proxy-pid": self.proxy_pid,
         }
         for flag, value in optional.items():
             if value is not None:

@@ -33,18 +33,19 @@ from bench.lab.driver.latency import parse_times, take_values
 from bench.lab.driver.step import BEHIND_NS, LATE_NS, StepRecorder, runq_wait_ns, summary_line
 from bench.lab.machine import (
     CpuSplit,
-    core_load,
     cores_busy_s,
     cpu_split,
     is_busy,
     steal_s,
     tree_cpu_s,
 )
+from bench.lab.pairs import core_step_load
 from bench.lab.results import Step, TimePoint
 from chat_server.codecs import get_codec
 from chat_server.messages import Join
 from chat_server.runtime import pin_cpus, raise_open_files_limit
 from chatlab.loops import loop_factory
+from chatlab.tls import shared_client_context
 
 log = logging.getLogger("bench.lab.driver")
 
@@ -72,8 +73,10 @@ class Counters(NamedTuple):
 
     clock_s: float
     server_s: float | None  # the server tree's CPU seconds
+    proxy_s: float | None  # the proxy tree's CPU seconds (None: no proxy)
     # ours and other processes', each by its own counters; the host's; and what ran on
-    # the server's cores besides the server and its idle neighbours (CpuSplit.on_cores_s)
+    # the server's cores besides the server, its idle neighbours and a proxy in front of
+    # it (CpuSplit.on_cores_s)
     split: CpuSplit
     core_steal_s: float | None  # the server's cores' steal (None: not read)
     idle_s: float  # the idle neighbours' CPU seconds
@@ -97,6 +100,11 @@ class Driver:
         # what is not "other processes" (the lab's tree, or the server's and this one)
         self.server = psutil.Process(config.server_pid) if config.server_pid else None
         self.lab = psutil.Process(config.lab_pid) if config.lab_pid else None
+        self.proxy = psutil.Process(config.proxy_pid) if config.proxy_pid else None
+        # wss://: one TLS client context for every connection (each would load the CAs)
+        self.ssl_context = (
+            shared_client_context(config.ca_file) if config.url.startswith("wss://") else None
+        )
         self.neighbours = [psutil.Process(pid) for pid in config.neighbour_pids]
         # since the last flush (a tenth of a second's worth): each delivery's scheduled
         # time (DIGITS ASCII digits) and receive time; each ack's latency in microseconds
@@ -160,6 +168,7 @@ class Driver:
                         extra_headers=headers,
                         websocket_handshake_timeout=config.connect_timeout_s,
                         max_frame_size=MAX_FRAME_BYTES,
+                        ssl_context=self.ssl_context,
                     )
                     if config.target == "chat":
                         await conn.wait_for("welcome")
@@ -472,12 +481,15 @@ class Driver:
         (every process but the server and its idle neighbours, by its own counters), the
         cores' steal seconds, and the idle neighbours' CPU."""
         server = tree_cpu_s(self.server) if self.server is not None else None
-        ours = [self.lab] if self.lab is not None else [self.server, self.process]
+        proxy = tree_cpu_s(self.proxy) if self.proxy is not None else None
+        ours = [self.lab] if self.lab is not None else [self.server, self.proxy, self.process]
         cores = self.config.server_cores or ()
+        beside = [p for p in (self.server, self.proxy) if p is not None]
         return Counters(
             time.monotonic(),
             server,
-            cpu_split(ours, cores, [self.server, *self.neighbours]),
+            proxy,
+            cpu_split(ours, cores, [*beside, *self.neighbours]),
             steal_s(cores) if cores else None,
             sum(tree_cpu_s(p) for p in self.neighbours),
         )
@@ -490,6 +502,8 @@ class Driver:
         recorder.window_s = after.clock_s - before.clock_s
         if before.server_s is not None and after.server_s is not None:
             recorder.server_cpu_s = after.server_s - before.server_s
+        if before.proxy_s is not None and after.proxy_s is not None:
+            recorder.proxy_cpu_s = after.proxy_s - before.proxy_s
         recorder.others_cpu_s = max(0.0, after.split.others_s - before.split.others_s)
         recorder.steal_s = max(0.0, after.split.host.steal_s - before.split.host.steal_s)
         if before.core_steal_s is not None and after.core_steal_s is not None:
@@ -501,10 +515,8 @@ class Driver:
 
     def core_busy(self, step: Step) -> bool:
         """Whether something else kept the server's cores busy over ``step``'s window
-        (:func:`bench.lab.machine.core_load`; unknown: not busy)."""
-        return is_busy(
-            core_load(step.window_s, step.server_core_others_s, step.server_core_steal_s)
-        )
+        (:func:`bench.lab.pairs.core_step_load`; unknown: not busy)."""
+        return is_busy(core_step_load(step))
 
     async def run(self) -> int:
         """Connect, warm up, run every step, close; return the exit status."""

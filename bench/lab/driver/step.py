@@ -58,6 +58,7 @@ class StepRecorder:
         # and the host's steal (None: not read)
         self.window_s = 0.0
         self.server_cpu_s: float | None = None
+        self.proxy_cpu_s: float | None = None  # a proxy's in front of the server
         self.others_cpu_s: float | None = None
         self.steal_s: float | None = None
         # the server's own cores over the same window, and its idle neighbours' CPU there
@@ -123,6 +124,7 @@ class StepRecorder:
             ),
             window_s=round(self.window_s, 4),
             server_cpu_s=None if self.server_cpu_s is None else round(self.server_cpu_s, 4),
+            proxy_cpu_s=_rounded(self.proxy_cpu_s),
             others_cpu_s=None if self.others_cpu_s is None else round(self.others_cpu_s, 4),
             steal_s=None if self.steal_s is None else round(self.steal_s, 4),
             server_core_others_s=_rounded(self.server_core_others_s),
@@ -153,6 +155,8 @@ def summary_line(step: Step) -> str:
     )
     if step.server_us_per_frame is not None:
         line += f", server {step.server_us_per_frame:.1f} µs/frame"
+    if step.proxy_us_per_frame is not None:
+        line += f", proxy {step.proxy_us_per_frame:.1f} µs/frame"
     if step.wire_bytes_per_delivery is not None:
         line += f", {step.wire_bytes_per_delivery:.1f} wire bytes/delivery"
     if step.generator_gc_runs:

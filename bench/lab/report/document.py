@@ -22,6 +22,7 @@ from bench.lab.report.sections_ladder import findings_blocks, ladder_blocks, tai
 from bench.lab.report.sections_scaling import scaling_blocks
 from bench.lab.report.sections_server import capacity_blocks, metrics_blocks, profile_blocks
 from bench.lab.report.sections_side import side_blocks
+from bench.lab.report.sections_tls import tls_blocks
 from bench.lab.results import Results
 
 
@@ -38,6 +39,7 @@ def report_blocks(
         *header,
         *slo_blocks(),
         *ladder_blocks(analysis.ladder),
+        *tls_blocks(results),
         *side_blocks(results, analysis.ladder, out_dir),
         *tail_blocks(results, out_dir),
         *noise_floor_blocks(analysis),

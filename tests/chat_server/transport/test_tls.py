@@ -2,7 +2,7 @@
 transports and both loops, through the loop's own SSL transport.
 
 One server per transport and loop is shared by the module's tests; the CA is a
-throwaway one (:mod:`tests.support.tls`).
+throwaway one (:mod:`chatlab.throwaway_ca`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from websockets.asyncio.client import connect
 
 from chat_server.settings import SPECS, TRANSPORTS
 from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
+from chatlab.throwaway_ca import ThrowawayCA
 from chatlab.tls import client_context
 from tests.support import ROOT, KeyPair, ServerProcess, served
-from tests.support.tls import ThrowawayCA
 
 LOOPS = ("asyncio", "uvloop")
 COMBOS = [(transport, loop) for transport in TRANSPORTS for loop in LOOPS]
