@@ -11,8 +11,9 @@ opening failed). Reading a gap of messages runs beside any of these (the feed as
 it, :class:`~chat_server.broker.feed.RoomFeed`), as does the subscription's own
 lifecycle (:data:`~chat_server.broker.shards.SUB_TRANSITIONS`).
 
-:func:`room_step` is the whole decision: the broker applies an event and does what it
-returns (start reading a snapshot, or nothing), the way h11 keeps a connection's states.
+:func:`room_step` is the whole decision: the room's owner
+(:class:`~chat_server.broker.shared_room.SharedRoom`) applies an event and returns what
+follows (start reading a snapshot, or nothing), the way h11 keeps a connection's states.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Then(enum.Enum):
     NOTHING = "nothing"
     #: start reading a snapshot (a task that retries with backoff while the room is held)
     READ_SNAPSHOT = "read a snapshot"
+    #: start reading the feed's gap from the room's stream (beside the lifecycle: the
+    #: room returns it, :class:`~chat_server.broker.shared_room.SharedRoom`)
+    READ_GAP = "read the gap"
 
 
 _S = RoomState
