@@ -37,8 +37,7 @@ from chat_server.store.sqlite import SqliteHistoryStore, WriterThreadHook
 
 @dataclass(frozen=True)
 class _Backend:
-    """What ``BROKER`` chooses: the store, the broker, the delivery, where the core reads
-    ``last_seq``."""
+    """What ``BROKER`` chooses: the store, the broker (also the core's seam), the delivery."""
 
     store: HistoryStore
     broker: Broker

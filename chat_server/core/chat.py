@@ -15,13 +15,13 @@ stored message up to the room's last committed ``seq``; only then does
 :meth:`ChatCore.replay_caught_up` make it live, with no await in between, so the
 seam has no gap and no duplicate.
 
-The rooms' seam to the broker is one object, a :class:`RoomSeam`: the core tells it a
-room opened here (a room closed is returned to the caller instead, by :meth:`ChatCore.leave`
-and :meth:`ChatCore.close_session`), reads a room's ``last_seq`` from it (what this
-process delivered), and, with several processes (``BROKER=redis``), reads the room's
-users other processes hold (``members``, as its broker last heard it) and tells it of a
-user's first connection in a room here and its last one leaving (``presence_changed``,
-so the broker can write it). Each member sees
+The rooms' seam to the broker is one object, a :class:`RoomSeam`: the core tells it
+a room opened here (a room closed is returned to the caller instead, by
+:meth:`ChatCore.leave` and :meth:`ChatCore.close_session`), reads a room's
+``last_seq`` from it (what this process delivered), and, with several processes
+(``BROKER=redis``), reads the room's users other processes hold (``members``, as its
+broker last heard it) and tells it of a user's first connection in a room here and
+its last one leaving (``presence_changed``, so the broker can write it). Each member sees
 the *view* of a room: the users other processes hold plus the users connected
 here. A presence event goes to the local members exactly when that view changes,
 whether the change comes from a local join or leave or from the broker
