@@ -112,7 +112,7 @@ class RedisBroker(Broker):
         self._subscriptions = ShardedSubscriptions(
             topology,
             on_message=self._on_published,
-            on_resubscribed=self._resubscribed,
+            on_actions=self._apply,
             on_reconnected=self._reconnected,
         )
         self._presence_queue: dict[tuple[str, str], None] = {}
@@ -308,7 +308,7 @@ class RedisBroker(Broker):
         """Subscribe to the room, wait for the confirmation, apply its snapshot."""
         room = entry.name
         try:
-            await self._subscriptions.subscribe(room)
+            await self._subscriptions.subscribe(entry)
             entry.subscribed()
             await self._snapshot(entry)
         except (RedisError, OSError, BrokerUnavailable, asyncio.CancelledError) as exc:
@@ -343,16 +343,8 @@ class RedisBroker(Broker):
             mine_users,
             int(stored),
             asked_at=asked_at,
-            live=self._subscriptions.is_live(room),
         )
         self._apply(entry, actions)
-
-    def _resubscribed(self, room: str) -> None:
-        """The room's subscription holds again after it was lost: take a new snapshot (it
-        opens the gap of what was missed), now or after the one being read."""
-        entry = self._rooms.get(room)
-        if entry is not None:
-            self._apply(entry, entry.resubscribed())
 
     def _reconnected(self) -> None:
         """A subscription connection came back: its node may have lost presence writes."""
@@ -399,8 +391,7 @@ class RedisBroker(Broker):
         except BaseException:
             entry.filling = False
             raise
-        live = self._subscriptions.is_live(room)
-        self._apply(entry, entry.fill_ended(live=live, delay_s=delay_s))
+        self._apply(entry, entry.fill_ended(delay_s))
 
     async def _read_gap(self, room: str, after: int, upto: int) -> list[Message]:
         """One page of ``room``'s stream from the node serving it, holding one of its turns."""
@@ -417,12 +408,11 @@ class RedisBroker(Broker):
         entry = self._rooms.get(room)
         if entry is None:
             return
-        live = self._subscriptions.is_live(room)
         kind = data[:1]
         if kind == b"M":
-            actions = entry.messages(decode_published(room, data), live=live)
+            actions = entry.messages(decode_published(room, data))
         elif kind == b"D":  # stored before, durable now: read back into the feed
-            actions = entry.durable(int(data[1:]), live=live)
+            actions = entry.durable(int(data[1:]))
         else:  # P<version> +user <count> <process> / -user <count> <process>
             head, change, count, worker = data.split(b" ", 3)
             actions = entry.presence(
@@ -431,7 +421,6 @@ class RedisBroker(Broker):
                 change[:1] == b"+",
                 int(count),
                 worker.decode() == self._worker,
-                live=live,
             )
         self._apply(entry, actions)
 

@@ -5,6 +5,8 @@ processes, in one place:
 
 - its lifecycle (:mod:`~chat_server.broker.room_life`: subscribing -> snapshot -> live,
   back to snapshot when what was missed must be read again, closed at the end);
+- its subscription's, on the node serving it (wanted -> requested -> confirmed, dropped;
+  and whether it was lost since it last held): the room is *live* while it is confirmed;
 - who holds it: the core's members (``in_use``, between the core opening and closing
   it) and the joins preparing it (``waiters``); a room neither holds is released;
 - its feed (:class:`~chat_server.broker.feed.RoomFeed`: ``seq`` order, duplicates, gaps,
@@ -12,8 +14,8 @@ processes, in one place:
 - the acks of the sends committed here that wait for their message's delivery.
 
 Every method takes what happened (messages or a presence change heard, a snapshot read,
-a page of a gap read, a send committed, the subscription back, the core closing the
-room) and *returns* what happens next, in order, as values (:data:`Action`):
+a page of a gap read, a send committed, an event of its subscription, the core closing
+the room) and *returns* what happens next, in order, as values (:data:`Action`):
 :class:`~chat_server.broker.feed.Deliver`, :class:`Ack`,
 :class:`~chat_server.broker.feed.Announce`, or a read to start
 (:attr:`Then.READ_GAP <chat_server.broker.room_life.Then.READ_GAP>`,
@@ -24,9 +26,10 @@ after the :class:`~chat_server.broker.feed.Deliver` of its message, or once the 
 ``last_seq`` passed it without one (trimmed history), or when the core closed the room
 (nothing more of it is heard) -- never before. A room closed returns nothing more.
 
-Whether the room's subscription holds (``live``) is the subscription's
-(:class:`~chat_server.broker.shards.ShardedSubscriptions`), passed in where a read of
-the store would start: a gap or a snapshot is read only while the room is heard.
+A gap or a new snapshot is read only while the room is live (heard): what the
+subscription missed meanwhile is read once it holds again.
+:class:`~chat_server.broker.shards.ShardedSubscriptions` places the subscription on
+its node and reports its events here.
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from chat_server.broker.feed import Announce, Deliver, FeedAction, Jumped, RoomFeed
-from chat_server.broker.room_life import RoomEvent, RoomState, Then, room_step
+from chat_server.broker.room_life import (
+    RoomEvent,
+    RoomState,
+    SubEvent,
+    SubState,
+    Then,
+    room_step,
+    sub_step,
+)
 from chat_server.messages import Message
 
 __all__ = ["Ack", "Action", "Announce", "Deliver", "SharedRoom", "Then"]
@@ -57,12 +68,27 @@ Action = Deliver | Ack | Announce | Then
 class SharedRoom:
     """A room shared with other processes, as this process holds it."""
 
-    __slots__ = ("_acks", "feed", "fill_delay_s", "filling", "in_use", "name", "state", "waiters")
+    __slots__ = (
+        "_acks",
+        "feed",
+        "fill_delay_s",
+        "filling",
+        "in_use",
+        "name",
+        "state",
+        "sub_lost",
+        "sub_state",
+        "waiters",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.feed = RoomFeed(name)
         self.state = RoomState.SUBSCRIBING
+        #: its subscription on the node serving it
+        self.sub_state = SubState.WANTED
+        #: the subscription held once and was dropped since: what was missed must be read
+        self.sub_lost = False
         #: joins waiting for the room to be ready
         self.waiters = 0
         #: the core holds members here (between :meth:`opened` and :meth:`closed_by_core`)
@@ -80,6 +106,11 @@ class SharedRoom:
     def closed(self) -> bool:
         """True once released: nothing more is done for it."""
         return self.state is RoomState.CLOSED
+
+    @property
+    def live(self) -> bool:
+        """True while its subscription is confirmed: the room's messages are heard."""
+        return self.sub_state is SubState.CONFIRMED
 
     @property
     def ready(self) -> bool:
@@ -102,8 +133,12 @@ class SharedRoom:
         """Its first SSUBSCRIBE was confirmed: the opening reads the first snapshot."""
         self._step(RoomEvent.SUBSCRIBED)
 
-    def resubscribed(self) -> list[Action]:
-        """Its subscription holds again after it was lost: what was missed must be read."""
+    def subscription(self, event: SubEvent) -> list[Action]:
+        """An event of its subscription; confirmed again after it was lost, what was missed
+        must be read (a new snapshot opens the gap)."""
+        self.sub_state, self.sub_lost, resubscribed = sub_step(self.sub_state, self.sub_lost, event)
+        if not resubscribed or self.closed:
+            return []
         then = self._step(RoomEvent.RESUBSCRIBED)
         return [then] if then is Then.READ_SNAPSHOT else []
 
@@ -121,7 +156,6 @@ class SharedRoom:
         stored_seq: int,
         *,
         asked_at: tuple[int, int],
-        live: bool,
     ) -> list[Action]:
         """Apply a snapshot read (see :meth:`RoomFeed.snapshot`); what follows."""
         if self.closed:
@@ -130,7 +164,7 @@ class SharedRoom:
             self.feed.snapshot(durable_seq, version, counts, mine, stored_seq, asked_at=asked_at)
         )
         then = self._step(RoomEvent.SNAPSHOT_TAKEN)
-        self._after_feed(live, out)
+        self._after_feed(out)
         if then is Then.READ_SNAPSHOT:
             out.append(then)
         return out
@@ -157,31 +191,31 @@ class SharedRoom:
 
     # ---- what the subscription hears -----------------------------------------------------
 
-    def messages(self, batch: list[Message], *, live: bool) -> list[Action]:
+    def messages(self, batch: list[Message]) -> list[Action]:
         """Messages heard on the room's channel."""
         if self.closed:
             return []
         out = self._settle(self.feed.messages(batch))
-        self._after_heard(live, out)
+        self._after_heard(out)
         return out
 
-    def durable(self, seq: int, *, live: bool) -> list[Action]:
+    def durable(self, seq: int) -> list[Action]:
         """Messages up to ``seq`` became durable without being published."""
         if self.closed:
             return []
         self.feed.durable(seq)
         out: list[Action] = []
-        self._after_heard(live, out)
+        self._after_heard(out)
         return out
 
     def presence(
-        self, version: int, user: str, arrived: bool, count: int, by_me: bool, *, live: bool
+        self, version: int, user: str, arrived: bool, count: int, by_me: bool
     ) -> list[Action]:
         """A change of the room's shared member set (see :meth:`RoomFeed.presence`)."""
         if self.closed:
             return []
         out = self._settle(self.feed.presence(version, user, arrived, count, by_me))
-        self._after_heard(live, out)
+        self._after_heard(out)
         return out
 
     # ---- reading a gap --------------------------------------------------------------------
@@ -203,7 +237,7 @@ class SharedRoom:
             return []
         return self._settle(self.feed.fill_done(upto))
 
-    def fill_ended(self, *, live: bool, delay_s: float) -> list[Action]:
+    def fill_ended(self, delay_s: float) -> list[Action]:
         """A read of the gap ended (``delay_s``: the wait before the next one; 0 when it
         succeeded): start the next read the feed needs."""
         self.filling = False
@@ -211,7 +245,7 @@ class SharedRoom:
         if self.closed:
             return []
         out: list[Action] = []
-        self._after_feed(live, out)
+        self._after_feed(out)
         return out
 
     # ---- acks ----------------------------------------------------------------------------
@@ -254,14 +288,14 @@ class SharedRoom:
             message, sender = acks.popleft()
             out.append(Ack(message, sender))
 
-    def _after_heard(self, live: bool, out: list[Action]) -> None:
+    def _after_heard(self, out: list[Action]) -> None:
         if self.feed.gap is not None or self.feed.needs_snapshot:
-            self._after_feed(live, out)
+            self._after_feed(out)
 
-    def _after_feed(self, live: bool, out: list[Action]) -> None:
+    def _after_feed(self, out: list[Action]) -> None:
         """The reads the feed asks for: its gap, or a new snapshot (while it is heard)."""
         feed = self.feed
-        if not live:
+        if self.sub_state is not SubState.CONFIRMED:
             return
         if feed.gap is not None and not self.filling:
             self.filling = True
