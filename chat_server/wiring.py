@@ -4,8 +4,9 @@
 ``memory`` is SQLite history, the in-process broker and local delivery (one
 process); ``redis`` is Redis Streams history, the Redis broker on one shared client
 and shared delivery (many processes or machines), on one Redis or, with
-``REDIS_CLUSTER=on``, a Redis Cluster. The core gets the seams of the
-chosen broker; REGRESSION's changes come from
+``REDIS_CLUSTER=on``, a Redis Cluster. The core gets the chosen broker as its one
+seam (:class:`~chat_server.core.chat.RoomSeam`: last seq, room opened, members,
+presence); REGRESSION's changes come from
 :class:`~chat_server.regressions.Regression`. Which backend was chosen is asked here
 to build it, and once more only by the server, to name the setting at fault when the
 start fails: the service holds objects that keep one contract each.
@@ -36,16 +37,12 @@ from chat_server.store.sqlite import SqliteHistoryStore, WriterThreadHook
 
 @dataclass(frozen=True)
 class _Backend:
-    """What ``BROKER`` chooses: the store, the broker, the delivery, where the core reads
-    ``last_seq``."""
+    """What ``BROKER`` chooses: the store, the broker (also the core's seam), the delivery."""
 
     store: HistoryStore
     broker: Broker
     #: builds the delivery once the core exists
-    delivery: Callable[[ChatCore, Counters, Broker], Delivery]
-    #: the last seq this process delivered of a room: the store's (one process) or the
-    #: broker's (shared rooms: delivery lags the commit)
-    last_seq: Callable[[str], int]
+    delivery: Callable[[ChatCore, Counters], Delivery]
     #: closed after the store and broker (the Redis client both share)
     release: tuple[Callable[[], Awaitable[None]], ...] = ()
 
@@ -76,16 +73,12 @@ def build_service(
     core_class = EncodingPerRecipientCore if regression.encode_per_recipient else ChatCore
     core = core_class(
         codec,
-        backend.last_seq,
+        broker,
         max_body_chars=settings.max_body_chars,
         max_protocol_errors=settings.max_protocol_errors,
         rate_limit_per_s=settings.rate_limit_per_s,
         rate_limit_burst=settings.rate_limit_burst,
         max_rooms_per_connection=settings.max_rooms_per_connection,
-        room_opened=broker.subscribe,
-        room_closed=broker.unsubscribe,
-        remote_members=broker.members,
-        presence_changed=broker.presence_changed,
     )
 
     return ChatService(
@@ -93,7 +86,7 @@ def build_service(
         core=core,
         store=backend.store,
         broker=broker,
-        delivery=backend.delivery(core, counters, broker),
+        delivery=backend.delivery(core, counters),
         counters=counters,
         recent_sends=RecentSends(round(settings.send_ref_window_s * 1000), settings.send_ref_max),
         worker=worker,
@@ -126,9 +119,8 @@ def _sqlite_backend(
     )
     return _Backend(
         store=store,
-        broker=MemoryBroker(),
-        delivery=lambda core, counters, _broker: LocalDelivery(core, counters),
-        last_seq=store.last_seq,
+        broker=MemoryBroker(store),
+        delivery=LocalDelivery,
     )
 
 
@@ -169,7 +161,6 @@ def _redis_backend(
     return _Backend(
         store=store,
         broker=broker,
-        delivery=SharedDelivery,
-        last_seq=broker.last_seq,
+        delivery=lambda core, counters: SharedDelivery(core, counters, broker),
         release=tuple(release),
     )

@@ -24,8 +24,8 @@ class BrokerListener(Protocol):
     def delivered(self, message: Message) -> None:
         """A subscribed room's next message, in ``seq`` order."""
 
-    def jumped(self, room: str, last_seq: int) -> None:
-        """The room's ``last_seq`` moved without a delivery (history trimmed meanwhile)."""
+    def ack(self, sender: Any, message: Message) -> None:
+        """Ack ``message`` to the session that sent it (after its delivery here)."""
 
     def announce(self, room: str, user: str, present: bool) -> None:
         """The room's shared member set gained (True) or lost ``user``."""
@@ -66,8 +66,12 @@ class Broker(ABC):
 
     @abstractmethod
     def unsubscribe(self, room: str) -> None:
-        """The core closed ``room`` (its last member left): stop receiving its messages
-        unless a join is preparing it again."""
+        """The core closed ``room`` (its last member left; the service tells, once the core
+        returned it): stop receiving its messages unless a join is preparing it again."""
+
+    @abstractmethod
+    def last_seq(self, room: str) -> int:
+        """The last ``seq`` of ``room`` delivered in this process (0 when none)."""
 
     @abstractmethod
     def members(self, room: str) -> Collection[str]:

@@ -4,7 +4,9 @@ A process that shares rooms with other processes (``BROKER=redis``) hears of a
 room's committed messages and presence changes from the broker, which may lose
 some (a dropped pub/sub connection) or repeat some (a message published while
 the subscription was being set up is also in the room's snapshot). A
-:class:`RoomFeed` turns what arrives into what the core may act on:
+:class:`RoomFeed` turns what arrives into what the core may act on, and *returns* it
+as values (:data:`FeedAction`: :class:`Deliver`, :class:`Jumped`, :class:`Announce`, in
+the order they happen); it calls nothing:
 
 - messages are delivered in ``seq`` order, each exactly once: ``seq <=
   last_seq`` is a duplicate and dropped; a ``seq`` beyond ``last_seq + 1``
@@ -21,14 +23,17 @@ the subscription was being set up is also in the room's snapshot). A
   ``seq`` the feed starts from.
 
 ``last_seq`` is always the last ``seq`` delivered in this process, which is what
-``joined.last_seq`` and the replay seam need. The I/O (subscribing, snapshots,
-reading gaps) belongs to the broker that owns the feed.
+``joined.last_seq`` and the replay seam need. The feed is one part of a shared room's
+state; its owner, :class:`~chat_server.broker.shared_room.SharedRoom`, settles the acks
+waiting for what it delivers, and the broker does the I/O (subscribing, snapshots,
+reading gaps) and applies the actions.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from chat_server.messages import Message
 
@@ -37,23 +42,40 @@ log = logging.getLogger("chat_server.broker")
 #: messages a synced feed holds behind a gap at most; past it they are read back instead
 HELD_MAX = 10_000
 
-#: deliver one message to the room's local members (called in ``seq`` order)
-Deliver = Callable[[Message], None]
-#: the room's ``last_seq`` moved to this value without a delivery (trimmed history, reset)
-Jumped = Callable[[str, int], None]
-#: a user appeared in (True) or vanished from (False) the room's members held elsewhere
-Announce = Callable[[str, str, bool], None]
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Deliver ``message`` to the room's local members (returned in ``seq`` order)."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Jumped:
+    """The room's ``last_seq`` moved to ``last_seq`` without a delivery (trimmed history,
+    a reset)."""
+
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """``user`` appeared in (``present``) or vanished from the members held elsewhere."""
+
+    user: str
+    present: bool
+
+
+#: what the feed returns: what the room's local members must hear, in order
+FeedAction = Deliver | Jumped | Announce
 
 
 class RoomFeed:
     """A room's messages and shared member set, as one process has applied them."""
 
     __slots__ = (
-        "_announce",
-        "_deliver",
         "_held",
         "_held_presence",
-        "_jumped",
         "counts",
         "fill_upto",
         "last_seq",
@@ -65,11 +87,8 @@ class RoomFeed:
         "version",
     )
 
-    def __init__(self, room: str, deliver: Deliver, jumped: Jumped, announce: Announce) -> None:
+    def __init__(self, room: str) -> None:
         self.room = room
-        self._deliver = deliver
-        self._jumped = jumped
-        self._announce = announce
         #: False until the first snapshot: everything that arrives is held
         self.synced = False
         #: the last seq delivered in this process
@@ -119,8 +138,8 @@ class RoomFeed:
         stored_seq: int | None = None,
         *,
         asked_at: tuple[int, int] | None = None,
-    ) -> None:
-        """Apply the room's state read after subscribing (or resubscribing).
+    ) -> list[FeedAction]:
+        """Apply the room's state read after subscribing (or resubscribing); what follows.
 
         ``last_seq`` is the room's durable seq, ``stored_seq`` (default: the same) its
         last stored one. The first snapshot sets where delivery starts; a later one
@@ -136,6 +155,7 @@ class RoomFeed:
         either. Only a stored seq behind ``asked_at`` means the room went back (Redis
         lost data): delivery continues from the durable seq.
         """
+        out: list[FeedAction] = []
         stored = last_seq if stored_seq is None else stored_seq
         asked_seq, asked_version = self.position() if asked_at is None else asked_at
         if not self.synced:
@@ -153,19 +173,24 @@ class RoomFeed:
             jumped_from = self.last_seq
             self.last_seq = self.fill_upto = last_seq
             self._held.clear()
-            self._jumped(self.room, jumped_from)
+            out.append(Jumped(jumped_from))
         else:
             self.fill_upto = max(self.fill_upto, last_seq)
         if not asked_version <= version < self.version:  # else the live set is newer
-            self._replace_members(version, counts, mine)
+            self._replace_members(version, counts, mine, out)
         self.needs_snapshot = False
         held, self._held_presence = self._held_presence, []
-        for held_version, user, arrived, count, by_me in held:
-            self.presence(held_version, user, arrived, count, by_me)
-        self._release_held()
+        for change in held:
+            self._presence(change, out)
+        self._release_held(out)
+        return out
 
     def _replace_members(
-        self, version: int, counts: Mapping[str, int], mine: Collection[str]
+        self,
+        version: int,
+        counts: Mapping[str, int],
+        mine: Collection[str],
+        out: list[FeedAction],
     ) -> None:
         """Take a snapshot's member set as of ``version``, announcing the differences."""
         old = self.members
@@ -175,50 +200,54 @@ class RoomFeed:
         self.version = version
         for user in old:
             if user not in self.members:
-                self._announce(self.room, user, False)
+                out.append(Announce(user, False))
         for user in self.members:
             if user not in old:
-                self._announce(self.room, user, True)
+                out.append(Announce(user, True))
 
     # ---- messages --------------------------------------------------------------------
 
-    def messages(self, batch: list[Message]) -> None:
+    def messages(self, batch: list[Message]) -> list[FeedAction]:
         """Deliver what follows ``last_seq`` in order; drop duplicates; hold after a gap."""
+        out: list[FeedAction] = []
         if not self.synced or self.fill_upto > self.last_seq:
             self._held.extend(batch)
             if self.synced and len(self._held) > HELD_MAX:
                 self.fill_upto = max(self.fill_upto, *(m.seq for m in self._held))
                 self._held.clear()
-            return
-        self._run(batch)
+            return out
+        self._run(batch, out)
+        return out
 
     def durable(self, seq: int) -> None:
         """Messages up to ``seq`` became durable without being published: read them back."""
         if self.synced and seq > self.fill_upto:
             self.fill_upto = seq
 
-    def fill_page(self, page: list[Message]) -> None:
+    def fill_page(self, page: list[Message]) -> list[FeedAction]:
         """Deliver messages read from the store for the gap (ascending; trimmed ones missing)."""
-        deliver = self._deliver
+        out: list[FeedAction] = []
         for message in page:
             if self.last_seq < message.seq <= self.fill_upto:
                 self.last_seq = message.seq
-                deliver(message)
+                out.append(Deliver(message))
+        return out
 
-    def fill_done(self, upto: int) -> None:
+    def fill_done(self, upto: int) -> list[FeedAction]:
         """The store holds nothing more up to ``upto``: close the gap, release what was held."""
+        out: list[FeedAction] = []
         if upto > self.last_seq:
             self.last_seq = upto
-            self._jumped(self.room, upto)
-        self._release_held()
+            out.append(Jumped(upto))
+        self._release_held(out)
+        return out
 
-    def _release_held(self) -> None:
+    def _release_held(self, out: list[FeedAction]) -> None:
         if self._held and self.fill_upto <= self.last_seq:
             held, self._held = self._held, []
-            self._run(held)
+            self._run(held, out)
 
-    def _run(self, batch: list[Message]) -> None:
-        deliver = self._deliver
+    def _run(self, batch: list[Message], out: list[FeedAction]) -> None:
         for i, message in enumerate(batch):
             seq = message.seq
             if seq <= self.last_seq:
@@ -228,23 +257,31 @@ class RoomFeed:
                 self._held.extend(batch[i:])
                 return
             self.last_seq = self.fill_upto = seq
-            deliver(message)
+            out.append(Deliver(message))
 
     # ---- presence ---------------------------------------------------------------------
 
-    def presence(self, version: int, user: str, arrived: bool, count: int, by_me: bool) -> None:
+    def presence(
+        self, version: int, user: str, arrived: bool, count: int, by_me: bool
+    ) -> list[FeedAction]:
         """Apply one change of the shared member set, in version order: a process
         (``by_me``: this one) began (``arrived``) or stopped holding ``user``, leaving
         ``count`` processes holding it. Announced when that changes whether some other
         process holds the user."""
+        out: list[FeedAction] = []
+        self._presence((version, user, arrived, count, by_me), out)
+        return out
+
+    def _presence(self, change: tuple[int, str, bool, int, bool], out: list[FeedAction]) -> None:
+        version, user, arrived, count, by_me = change
         if not self.synced or self.needs_snapshot:
-            self._held_presence.append((version, user, arrived, count, by_me))
+            self._held_presence.append(change)
             return
         if version <= self.version:
             return
         if version != self.version + 1:
             self.needs_snapshot = True
-            self._held_presence.append((version, user, arrived, count, by_me))
+            self._held_presence.append(change)
             return
         self.version = version
         if count > 0:
@@ -259,10 +296,10 @@ class RoomFeed:
         elsewhere = self._elsewhere(user)
         if elsewhere and user not in self.members:
             self.members[user] = None
-            self._announce(self.room, user, True)
+            out.append(Announce(user, True))
         elif not elsewhere and user in self.members:
             del self.members[user]
-            self._announce(self.room, user, False)
+            out.append(Announce(user, False))
 
     def _elsewhere(self, user: str) -> bool:
         """True when a process other than this one holds ``user``."""

@@ -6,10 +6,15 @@ from collections.abc import Collection
 from typing import Any
 
 from chat_server.broker.base import Broker
+from chat_server.store.base import HistoryStore
 
 
 class MemoryBroker(Broker):
-    """One process: every room is ready and no member is elsewhere."""
+    """One process: every room is ready, no member is elsewhere, and a room's last
+    delivered ``seq`` is the last its ``store`` reported (delivered as reported)."""
+
+    def __init__(self, store: HistoryStore) -> None:
+        self._store = store
 
     async def start(self) -> None:
         """Nothing to connect."""
@@ -29,6 +34,10 @@ class MemoryBroker(Broker):
 
     def unsubscribe(self, room: str) -> None:
         """Every room is local; nothing to do."""
+
+    def last_seq(self, room: str) -> int:
+        """The last ``seq`` the store reported for ``room``: delivered in the same call."""
+        return self._store.last_seq(room)
 
     def members(self, room: str) -> Collection[str]:
         """No other process holds anyone."""

@@ -1,15 +1,17 @@
 """Fan-out and presence between processes through Redis sharded pub/sub (``BROKER=redis``).
 
 The process hears the channel of each room it has members in (and only those): the
-core's ``room_opened`` and ``room_closed`` call :meth:`RedisBroker.subscribe` and
-:meth:`RedisBroker.unsubscribe`; :class:`~chat_server.broker.shards.ShardedSubscriptions`
-holds one subscription connection per node serving such a room (one in all on a single
-Redis) and follows slot moves and failovers of a cluster. Messages are published by the
-history store's commit script (:mod:`chat_server.store.redis`), not by this broker: it
-only listens, and delivers what it hears to the local core through a
-:class:`~chat_server.broker.feed.RoomFeed` per room, which keeps ``seq`` order, drops
-duplicates and holds messages behind a gap while the gap is read back from the room's
-stream.
+core's ``room_opened`` calls :meth:`RedisBroker.subscribe`, and the service, once the
+core returned a closed room, :meth:`RedisBroker.unsubscribe`;
+:class:`~chat_server.broker.shards.ShardedSubscriptions` holds one subscription
+connection per node serving such a room (one in all on a single Redis) and follows
+slot moves and failovers of a cluster. Messages are published by the history store's
+commit script (:mod:`chat_server.store.redis`), not by this broker: it only listens.
+Each held room's state is one :class:`~chat_server.broker.shared_room.SharedRoom`: its
+lifecycle, its feed (which keeps ``seq`` order, drops duplicates and holds messages
+behind a gap while the gap is read back from the room's stream), and the acks waiting
+for their message. The broker tells it what happened and applies what it returns in
+one place (:meth:`RedisBroker._apply`).
 
 **Joining a room this process does not hold yet** takes a round trip first
 (:meth:`prepare`): ``SSUBSCRIBE`` on the room's node, wait for its confirmation, then
@@ -43,16 +45,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, Final
 
 from redis.exceptions import RedisError
 
 from chat_server.broker.base import Broker, BrokerListener
-from chat_server.broker.feed import RoomFeed
 from chat_server.broker.presence import presence_call, renew_call, snapshot_call
-from chat_server.broker.room_life import RoomEvent, RoomState, Then, room_step
 from chat_server.broker.shards import ShardedSubscriptions
+from chat_server.broker.shared_room import Ack, Action, Announce, Deliver, SharedRoom, Then
 from chat_server.errors import BrokerUnavailable
 from chat_server.messages import Message
 from chat_server.redis_nodes import Topology
@@ -80,40 +81,14 @@ FILL_PAGE: Final = 1000
 FILL_ANSWER_S: Final = 2.0
 
 
-class _Room:
-    """A room this process subscribes to: its feed, its lifecycle state
-    (:mod:`~chat_server.broker.room_life`), and who holds it."""
-
-    __slots__ = ("feed", "fill_delay_s", "filling", "in_use", "ready", "state", "waiters")
-
-    def __init__(self, feed: RoomFeed, ready: asyncio.Future[None]) -> None:
-        self.feed = feed
-        self.ready = ready
-        self.state = RoomState.SUBSCRIBING
-        #: joins waiting in prepare()
-        self.waiters = 0
-        #: the core holds members here (between subscribe and unsubscribe)
-        self.in_use = False
-        #: a gap is being read (beside whatever the state is)
-        self.filling = False
-        #: the wait before reading a gap again after a read failed (0: none failed)
-        self.fill_delay_s = 0.0
-
-    def step(self, event: RoomEvent) -> Then:
-        """Apply ``event`` to the room's state; what the broker does next."""
-        self.state, then = room_step(self.state, event)
-        return then
-
-
 class RedisBroker(Broker):
     """One process' side of the shared rooms: subscriptions, ordered delivery and presence.
 
     Reports to the :class:`~chat_server.broker.base.BrokerListener` given to
     :meth:`report_to`: ``delivered`` gets each message of a subscribed room once, in
-    ``seq`` order; ``jumped`` hears when a room's ``last_seq`` moved without a delivery
-    (trimmed history); ``announce`` hears
-    each change of a room's shared member set; ``local_users`` and ``local_rooms`` are
-    the truth presence writes converge to.
+    ``seq`` order; ``ack`` each send committed here (:meth:`committed`), after its
+    message was delivered here; ``announce`` hears each change of a room's shared member
+    set; ``local_users`` and ``local_rooms`` are the truth presence writes converge to.
     """
 
     def __init__(
@@ -131,11 +106,13 @@ class RedisBroker(Broker):
         self._heartbeat_s = lease_s / 3
         self._renew_answer_s = max(self._heartbeat_s, 1.0)
         self._reports: BrokerListener | None = None
-        self._rooms: dict[str, _Room] = {}
+        self._rooms: dict[str, SharedRoom] = {}
+        #: each held room's opening: done once it is ready (what joins preparing it wait for)
+        self._ready: dict[str, asyncio.Future[None]] = {}
         self._subscriptions = ShardedSubscriptions(
             topology,
             on_message=self._on_published,
-            on_resubscribed=self._resubscribed,
+            on_actions=self._apply,
             on_reconnected=self._reconnected,
         )
         self._presence_queue: dict[tuple[str, str], None] = {}
@@ -206,20 +183,19 @@ class RedisBroker(Broker):
     def is_ready(self, room: str) -> bool:
         """True when ``room`` is subscribed and its snapshot applied (a join needs no wait)."""
         entry = self._rooms.get(room)
-        return entry is not None and entry.feed.synced
+        return entry is not None and entry.ready
 
     async def prepare(self, room: str) -> None:
         """Subscribe to ``room`` and apply its snapshot; BrokerUnavailable if that fails."""
         entry = self._rooms.get(room)
         if entry is None:
-            loop = asyncio.get_running_loop()
-            reports = self._listening()
-            feed = RoomFeed(room, reports.delivered, reports.jumped, reports.announce)
-            entry = self._rooms[room] = _Room(feed, loop.create_future())
-            self._spawn(self._open(entry), "chat-broker-open", room)
+            entry = self._rooms[room] = SharedRoom(room)
+            ready = self._ready[room] = asyncio.get_running_loop().create_future()
+            self._spawn(self._open(entry, ready), "chat-broker-open", room)
+        ready = self._ready[room]
         entry.waiters += 1
         try:
-            await asyncio.wait_for(asyncio.shield(entry.ready), PREPARE_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(ready), PREPARE_TIMEOUT_S)
         except TimeoutError:
             raise BrokerUnavailable(f"room {room} not ready in {PREPARE_TIMEOUT_S} s") from None
         finally:
@@ -231,24 +207,50 @@ class RedisBroker(Broker):
         if entry is None:
             log.error("broker: room %s opened without prepare(); it gets no messages", room)
             return
-        entry.in_use = True
+        entry.opened()
 
     def unsubscribe(self, room: str) -> None:
-        """The core closed ``room``: stop hearing it (unless a join is setting it up again)."""
+        """The core closed ``room``: ack what waited for its delivery, stop hearing it
+        (unless a join is setting it up again)."""
         entry = self._rooms.get(room)
         if entry is not None:
-            entry.in_use = False
+            self._apply(entry, entry.closed_by_core())
             self.release(room)
 
     def release(self, room: str) -> None:
         """Drop ``room``'s subscription if no member and no waiting join needs it."""
         entry = self._rooms.get(room)
-        if entry is None or entry.in_use or entry.waiters:
+        if entry is None or not entry.releasable:
             return
+        self._drop(entry, BrokerUnavailable(f"room {room} released"))
+
+    def _drop(self, entry: SharedRoom, why: BrokerUnavailable) -> None:
+        """Forget a held room: it is closed, its opening failed if pending, unsubscribed."""
+        room = entry.name
         del self._rooms[room]
-        entry.step(RoomEvent.RELEASED)
-        _fail(entry.ready, BrokerUnavailable(f"room {room} released"))
+        _fail(self._ready.pop(room), why)
+        entry.released()
         self._subscriptions.unsubscribe(room)
+
+    def committed(self, items: Sequence[tuple[Message, object]]) -> None:
+        """Sends the store committed here (each room's in commit order): ack each once this
+        process delivered its message (at once when its room is not delivered here)."""
+        rooms = self._rooms
+        for message, sender in items:
+            entry = rooms.get(message.room)
+            if entry is None:
+                self._listening().ack(sender, message)
+            else:
+                self._apply(entry, entry.committed(message, sender))
+
+    def acks_waiting(self) -> int:
+        """Acks waiting for their message's delivery, in every room."""
+        return sum(entry.acks_waiting for entry in self._rooms.values())
+
+    def release_acks(self) -> None:
+        """Ack every send still waiting for its delivery (the process is stopping)."""
+        for entry in list(self._rooms.values()):
+            self._apply(entry, entry.release_acks())
 
     def last_seq(self, room: str) -> int:
         """The last ``seq`` of ``room`` delivered in this process (0 if not subscribed)."""
@@ -280,117 +282,116 @@ class RedisBroker(Broker):
             **self._subscriptions.stats(),
         }
 
+    # ---- the one place a room's actions happen ---------------------------------------------
+
+    def _apply(self, entry: SharedRoom, actions: list[Action]) -> None:
+        """Do what ``entry`` returned, in order: deliver and ack through the listener,
+        announce presence, start the reads it asked for."""
+        if not actions:
+            return
+        reports = self._listening()
+        for action in actions:
+            if isinstance(action, Deliver):
+                reports.delivered(action.message)
+            elif isinstance(action, Ack):
+                reports.ack(action.sender, action.message)
+            elif isinstance(action, Announce):
+                reports.announce(entry.name, action.user, action.present)
+            elif action is Then.READ_GAP:
+                self._spawn(self._fill(entry), "chat-broker-fill", entry.name)
+            elif action is Then.READ_SNAPSHOT:
+                self._spawn(self._resnapshot(entry), "chat-broker-snapshot", entry.name)
+
     # ---- subscriptions -----------------------------------------------------------------
 
-    async def _open(self, entry: _Room) -> None:
+    async def _open(self, entry: SharedRoom, ready: asyncio.Future[None]) -> None:
         """Subscribe to the room, wait for the confirmation, apply its snapshot."""
-        room = entry.feed.room
+        room = entry.name
         try:
-            await self._subscriptions.subscribe(room)
-            entry.step(RoomEvent.SUBSCRIBED)
+            await self._subscriptions.subscribe(entry)
+            entry.subscribed()
             await self._snapshot(entry)
         except (RedisError, OSError, BrokerUnavailable, asyncio.CancelledError) as exc:
-            _fail(entry.ready, BrokerUnavailable(f"cannot set up room {room}: {exc!r}"))
+            why = BrokerUnavailable(f"cannot set up room {room}: {exc!r}")
+            _fail(ready, why)
             if self._rooms.get(room) is entry and not entry.in_use:
-                del self._rooms[room]
-                entry.step(RoomEvent.RELEASED)
-                self._subscriptions.unsubscribe(room)
+                self._drop(entry, why)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        if not entry.ready.done():
-            entry.ready.set_result(None)
+        if not ready.done():
+            ready.set_result(None)
 
-    async def _snapshot(self, entry: _Room) -> None:
+    async def _snapshot(self, entry: SharedRoom) -> None:
         """Read the room's seq, presence version and members atomically; apply them (the
         room is in SNAPSHOT; a failed read raises, leaving the state to the caller)."""
-        room = entry.feed.room
-        entry.step(RoomEvent.SNAPSHOT_ASKED)
+        room = entry.name
         # messages and presence heard while the reply is on its way may be newer than it
-        asked_at = entry.feed.position()
+        asked_at = entry.snapshot_asked()
         (reply,) = await self._run_per_node(
             [room], [snapshot_call(room, self._worker, self._lease_ms)]
         )
         if isinstance(reply, Exception):
             raise reply
-        if self._rooms.get(room) is not entry:
-            return
         durable, version, flat, mine, stored = reply
         counts = {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
         mine_users = {user.decode() for user in mine}
-        entry.feed.snapshot(
-            int(durable), int(version), counts, mine_users, int(stored), asked_at=asked_at
+        actions = entry.snapshot_taken(
+            int(durable),
+            int(version),
+            counts,
+            mine_users,
+            int(stored),
+            asked_at=asked_at,
         )
-        then = entry.step(RoomEvent.SNAPSHOT_TAKEN)
-        self._after_feed(entry)
-        self._then(entry, then)
-
-    def _then(self, entry: _Room, then: Then) -> None:
-        """Do what the room's lifecycle returned."""
-        if then is Then.READ_SNAPSHOT:
-            self._spawn(self._resnapshot(entry), "chat-broker-snapshot", entry.feed.room)
-
-    def _resubscribed(self, room: str) -> None:
-        """The room's subscription holds again after it was lost: take a new snapshot (it
-        opens the gap of what was missed), now or after the one being read."""
-        entry = self._rooms.get(room)
-        if entry is not None:
-            self._then(entry, entry.step(RoomEvent.RESUBSCRIBED))
+        self._apply(entry, actions)
 
     def _reconnected(self) -> None:
         """A subscription connection came back: its node may have lost presence writes."""
         self._presence_resync = True
         self._presence_wakeup.set()
 
-    def _after_feed(self, entry: _Room) -> None:
-        """Start the I/O the feed asks for: reading a gap, or a new snapshot."""
-        feed = entry.feed
-        live = self._subscriptions.is_live(feed.room)
-        if feed.gap is not None and not entry.filling and live:
-            entry.filling = True
-            self._spawn(self._fill(entry), "chat-broker-fill", feed.room)
-        if feed.needs_snapshot and live:
-            self._then(entry, entry.step(RoomEvent.VERSION_SKIPPED))
-
-    async def _resnapshot(self, entry: _Room) -> None:
+    async def _resnapshot(self, entry: SharedRoom) -> None:
         """Read a snapshot of a room in SNAPSHOT, with backoff, while the room is held."""
         delay = BACKOFF_MIN_S
-        while self._rooms.get(entry.feed.room) is entry:
+        while not entry.closed:
             try:
                 await self._snapshot(entry)
                 return
             except (RedisError, OSError, BrokerUnavailable) as exc:
-                log.info("broker: snapshot of %s failed (%s); retrying", entry.feed.room, exc)
+                log.info("broker: snapshot of %s failed (%s); retrying", entry.name, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
-    async def _fill(self, entry: _Room) -> None:
-        """Read the feed's gap from the room's stream and deliver it, page by page; after a
+    async def _fill(self, entry: SharedRoom) -> None:
+        """Read the room's gap from its stream and deliver it, page by page; after a
         failed read, wait (doubling up to BACKOFF_MAX_S) before the next try."""
-        feed = entry.feed
+        room = entry.name
+        delay_s = entry.fill_delay_s
         try:
-            if entry.fill_delay_s:
-                await asyncio.sleep(entry.fill_delay_s * (0.5 + random.random()))
-            while (gap := feed.gap) is not None:
+            if delay_s:
+                await asyncio.sleep(delay_s * (0.5 + random.random()))
+            while (gap := entry.gap) is not None:
                 after, upto = gap
-                page = await self._read_gap(feed.room, after, upto)
-                if self._rooms.get(feed.room) is not entry:
+                page = await self._read_gap(room, after, upto)
+                if entry.closed:
                     return
-                feed.fill_page(page)
+                self._apply(entry, entry.fill_page(page))
                 if len(page) < FILL_PAGE:
-                    feed.fill_done(upto)
-            entry.fill_delay_s = 0.0
+                    self._apply(entry, entry.fill_done(upto))
+            delay_s = 0.0
         except (RedisError, OSError, BrokerUnavailable) as exc:
-            entry.fill_delay_s = min(max(entry.fill_delay_s * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+            delay_s = min(max(delay_s * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
             log.info(
                 "broker: reading the gap of %s failed (%r); again in about %.2f s",
-                feed.room,
+                room,
                 exc,
-                entry.fill_delay_s,
+                delay_s,
             )
-        finally:
+        except BaseException:
             entry.filling = False
-        self._after_feed(entry)
+            raise
+        self._apply(entry, entry.fill_ended(delay_s))
 
     async def _read_gap(self, room: str, after: int, upto: int) -> list[Message]:
         """One page of ``room``'s stream from the node serving it, holding one of its turns."""
@@ -409,20 +410,19 @@ class RedisBroker(Broker):
             return
         kind = data[:1]
         if kind == b"M":
-            entry.feed.messages(decode_published(room, data))
+            actions = entry.messages(decode_published(room, data))
         elif kind == b"D":  # stored before, durable now: read back into the feed
-            entry.feed.durable(int(data[1:]))
+            actions = entry.durable(int(data[1:]))
         else:  # P<version> +user <count> <process> / -user <count> <process>
             head, change, count, worker = data.split(b" ", 3)
-            entry.feed.presence(
+            actions = entry.presence(
                 int(head[1:]),
                 change[1:].decode(),
                 change[:1] == b"+",
                 int(count),
                 worker.decode() == self._worker,
             )
-        if entry.feed.gap is not None or entry.feed.needs_snapshot:
-            self._after_feed(entry)
+        self._apply(entry, actions)
 
     # ---- presence and the leases ----------------------------------------------------------
 

@@ -19,9 +19,10 @@ hears. It follows the cluster:
   (the broker does it with each lease renewal), so a move no node announced is
   followed within that period.
 
-Whenever a room's subscription is confirmed again after it was lost, the owner hears
-``resubscribed(room)``: it then reads the room's state and what it missed from the
-streams, as after any outage. Why not redis-py's own cluster pub/sub: it resubscribes
+Each event of a room's subscription goes to the room's one owner
+(:class:`~chat_server.broker.shared_room.SharedRoom`), which keeps where it stands: one
+confirmed again after it was lost makes the room read its state and what it missed from
+the streams, as after any outage. Why not redis-py's own cluster pub/sub: it resubscribes
 by itself after a reconnect or a slot move, without telling its user that messages may
 have been missed meanwhile, and that is exactly what the broker must know.
 """
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import random
 from collections import Counter
@@ -40,6 +40,8 @@ from typing import Any
 from redis.asyncio.client import PubSub
 from redis.exceptions import MovedError, RedisError, ResponseError
 
+from chat_server.broker.room_life import SubEvent, SubState
+from chat_server.broker.shared_room import Action, SharedRoom
 from chat_server.errors import BrokerUnavailable
 from chat_server.redis_nodes import Topology, slot_of
 from chat_server.redis_rooms import (
@@ -56,79 +58,29 @@ from chatlab.supervision import RESTART, supervisor
 log = logging.getLogger("chat_server.broker")
 
 
-class SubState(enum.Enum):
-    """Where one room's subscription stands on the node its link goes to."""
-
-    #: placed on a node's link, no SSUBSCRIBE on its current connection (yet, or any more)
-    WANTED = "wanted"
-    #: an SSUBSCRIBE went out on the link's current connection
-    REQUESTED = "requested"
-    #: the node confirmed it: the room's messages are heard
-    CONFIRMED = "confirmed"
-
-
-class SubEvent(enum.Enum):
-    """What happens to a subscription."""
-
-    #: an SSUBSCRIBE was sent on the link's current connection
-    SENT = "sent"
-    #: the node confirmed the SSUBSCRIBE
-    CONFIRMED = "confirmed"
-    #: it ended without being asked to: the connection failed, the slot moved, or the room
-    #: is placed on another node
-    DROPPED = "dropped"
-
-
-#: (state, event) -> the next state. Every pair is listed: a late confirmation counts, and
-#: a drop from any state leaves the subscription wanted again
-SUB_TRANSITIONS: dict[tuple[SubState, SubEvent], SubState] = {
-    (SubState.WANTED, SubEvent.SENT): SubState.REQUESTED,
-    (SubState.WANTED, SubEvent.CONFIRMED): SubState.CONFIRMED,
-    (SubState.WANTED, SubEvent.DROPPED): SubState.WANTED,
-    (SubState.REQUESTED, SubEvent.SENT): SubState.REQUESTED,
-    (SubState.REQUESTED, SubEvent.CONFIRMED): SubState.CONFIRMED,
-    (SubState.REQUESTED, SubEvent.DROPPED): SubState.WANTED,
-    (SubState.CONFIRMED, SubEvent.SENT): SubState.CONFIRMED,
-    (SubState.CONFIRMED, SubEvent.CONFIRMED): SubState.CONFIRMED,
-    (SubState.CONFIRMED, SubEvent.DROPPED): SubState.WANTED,
-}
-
-
-def sub_step(state: SubState, lost: bool, event: SubEvent) -> tuple[SubState, bool, bool]:
-    """One subscription event: the next state, whether what was published meanwhile must
-    be read back (``lost``: it held once and was dropped since), and whether the owner is
-    told the room holds again (it was lost and is confirmed now)."""
-    after = SUB_TRANSITIONS[state, event]
-    if event is SubEvent.DROPPED:
-        return after, lost or state is SubState.CONFIRMED, False
-    resubscribed = lost and state is not SubState.CONFIRMED and after is SubState.CONFIRMED
-    return after, lost and not resubscribed, resubscribed
-
-
 class _Sub:
-    """One room's subscription: where it was asked for, and where it stands there
-    (:data:`SUB_TRANSITIONS`)."""
+    """One room's subscription: where it was asked for, and the joins waiting for it. Where
+    it stands there (:data:`~chat_server.broker.room_life.SUB_TRANSITIONS`) is its room's,
+    the owner of all the room's state."""
 
-    __slots__ = ("channel", "lost", "node", "state", "waiters")
+    __slots__ = ("channel", "node", "room", "waiters")
 
-    def __init__(self, channel: str) -> None:
-        self.channel = channel
+    def __init__(self, room: SharedRoom) -> None:
+        self.room = room
+        self.channel = room_channel(room.name)
         #: the node whose link carries (or will carry) the SSUBSCRIBE
         self.node = ""
-        self.state = SubState.WANTED
-        #: confirmed once and lost since: what was published meanwhile must be read back
-        self.lost = False
         self.waiters: list[asyncio.Future[None]] = []
 
     @property
     def confirmed(self) -> bool:
         """True while the node confirmed it (the room's messages are heard)."""
-        return self.state is SubState.CONFIRMED
+        return self.room.live
 
-    def step(self, event: SubEvent) -> bool:
-        """Apply ``event``; True when the room holds again after it was lost."""
-        self.state, self.lost, resubscribed = sub_step(self.state, self.lost, event)
-        return resubscribed
+    @property
+    def state(self) -> SubState:
+        """Where it stands on its node."""
+        return self.room.sub_state
 
 
 class _Link:
@@ -152,9 +104,12 @@ class ShardedSubscriptions:
     """This process' subscriptions to its rooms' channels, one connection per node.
 
     ``on_message(room, data)`` gets every published payload of a subscribed room (a
-    room that moved may be heard twice for a moment: the feed drops repeats);
-    ``on_resubscribed(room)`` hears a room whose subscription holds again after it was
-    lost; ``on_reconnected()`` hears a link that came back after failing.
+    room that moved may be heard twice for a moment: the feed drops repeats). Each event
+    of a room's subscription (sent, confirmed, dropped) goes to the room
+    (:meth:`SharedRoom.subscription <chat_server.broker.shared_room.SharedRoom.subscription>`)
+    and what it returns to ``on_actions(room, actions)`` (a subscription confirmed again
+    after it was lost: a new snapshot); ``on_reconnected()`` hears a link that came back
+    after failing.
     """
 
     def __init__(
@@ -162,12 +117,12 @@ class ShardedSubscriptions:
         topology: Topology,
         *,
         on_message: Callable[[str, bytes], None],
-        on_resubscribed: Callable[[str], None],
+        on_actions: Callable[[SharedRoom, list[Action]], None],
         on_reconnected: Callable[[], None],
     ) -> None:
         self._topology = topology
         self._on_message = on_message
-        self._on_resubscribed = on_resubscribed
+        self._on_actions = on_actions
         self._on_reconnected = on_reconnected
         self._rooms: dict[str, _Sub] = {}
         self._links: dict[str, _Link] = {}
@@ -187,12 +142,13 @@ class ShardedSubscriptions:
 
     # ---- rooms -------------------------------------------------------------------------
 
-    async def subscribe(self, room: str) -> None:
-        """Return once ``room``'s channel is subscribed on its node; BrokerUnavailable if
+    async def subscribe(self, shared: SharedRoom) -> None:
+        """Return once the room's channel is subscribed on its node; BrokerUnavailable if
         that node's connection is down (or goes down meanwhile)."""
+        room = shared.name
         sub = self._rooms.get(room)
         if sub is None:
-            sub = self._rooms[room] = _Sub(room_channel(room))
+            sub = self._rooms[room] = _Sub(shared)
             self._place(room, sub, self._topology.node_of(sub.channel))
         if sub.confirmed:
             return
@@ -214,11 +170,6 @@ class ShardedSubscriptions:
             link.rooms.discard(room)
             if link.up and link.pubsub is not None:
                 self._send_unsubscribe(link, link.pubsub, sub.channel)
-
-    def is_live(self, room: str) -> bool:
-        """True while ``room``'s subscription holds."""
-        sub = self._rooms.get(room)
-        return sub is not None and sub.confirmed
 
     def check(self) -> None:
         """Read the slots again in the background and move rooms whose slot moved."""
@@ -291,12 +242,12 @@ class ShardedSubscriptions:
             old.rooms.discard(room)
             if old.up and old.pubsub is not None and sub.state is not SubState.WANTED:
                 self._send_unsubscribe(old, old.pubsub, sub.channel)
-        sub.step(SubEvent.DROPPED)
+        self._step(sub, SubEvent.DROPPED)
         self._place(room, sub, node)
 
     def _send_subscribe(self, pubsub: PubSub, sub: _Sub) -> None:
         # one channel per SSUBSCRIBE: a cluster refuses several slots in one
-        sub.step(SubEvent.SENT)
+        self._step(sub, SubEvent.SENT)
         self._background(pubsub.ssubscribe(sub.channel), f"SSUBSCRIBE {sub.channel}")
 
     def _send_unsubscribe(self, link: _Link, pubsub: PubSub, channel: str) -> None:
@@ -363,7 +314,7 @@ class ShardedSubscriptions:
                 for room in link.rooms:
                     sub = self._rooms.get(room)
                     if sub is not None:
-                        sub.step(SubEvent.DROPPED)
+                        self._step(sub, SubEvent.DROPPED)
                         _fail_all(sub, BrokerUnavailable("Redis pub/sub connection lost"))
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
@@ -416,13 +367,13 @@ class ShardedSubscriptions:
         sub = self._rooms.get(room)
         if sub is None or sub.node != link.name or sub.confirmed:
             return
-        resubscribed = sub.step(SubEvent.CONFIRMED)
+        actions = sub.room.subscription(SubEvent.CONFIRMED)
         waiters, sub.waiters = sub.waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        if resubscribed:
-            self._on_resubscribed(room)
+        if actions:
+            self._on_actions(sub.room, actions)
 
     def _dropped_by_node(self, link: _Link, room: str) -> None:
         """The node ended a subscription by itself: the room's slot moved."""
@@ -430,8 +381,14 @@ class ShardedSubscriptions:
         if sub is None or sub.node != link.name:
             return
         log.info("broker: %s ended the subscription of room %s (slot moved)", link.name, room)
-        sub.step(SubEvent.DROPPED)
+        self._step(sub, SubEvent.DROPPED)
         self.check()
+
+    def _step(self, sub: _Sub, event: SubEvent) -> None:
+        """Tell the room of its subscription's ``event``; apply what it returns."""
+        actions = sub.room.subscription(event)
+        if actions:
+            self._on_actions(sub.room, actions)
 
 
 def _fail_all(sub: _Sub, exc: BaseException) -> None:

@@ -15,10 +15,13 @@ stored message up to the room's last committed ``seq``; only then does
 :meth:`ChatCore.replay_caught_up` make it live, with no await in between, so the
 seam has no gap and no duplicate.
 
-Presence with several processes (``BROKER=redis``): the caller gives
-``remote_members`` (the room's users other processes hold, as its broker last
-heard it) and ``presence_changed`` (called on a user's first connection in a room
-here and on its last one leaving, so the broker can write it). Each member sees
+The rooms' seam to the broker is one object, a :class:`RoomSeam`: the core tells it
+a room opened here (a room closed is returned to the caller instead, by
+:meth:`ChatCore.leave` and :meth:`ChatCore.close_session`), reads a room's
+``last_seq`` from it (what this process delivered), and, with several processes
+(``BROKER=redis``), reads the room's users other processes hold (``members``, as its
+broker last heard it) and tells it of a user's first connection in a room here and
+its last one leaving (``presence_changed``, so the broker can write it). Each member sees
 the *view* of a room: the users other processes hold plus the users connected
 here. A presence event goes to the local members exactly when that view changes,
 whether the change comes from a local join or leave or from the broker
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from chat_server.core.validation import check_room, check_send, check_since, history_limit
 from chat_server.errors import UNCOUNTED_CODES, ChatError, ErrorCode, ProtocolError
@@ -58,6 +61,22 @@ CLOSE_POLICY_VIOLATION = 1008
 #: channels-per-connection default is 128, and each room a connection is in costs this
 #: process a subscription and a presence lease renewal with BROKER=redis
 MAX_ROOMS_PER_CONNECTION_DEFAULT = 128
+
+
+class RoomSeam(Protocol):
+    """What the core asks of the broker about its rooms (both brokers keep it)."""
+
+    def last_seq(self, room: str) -> int:
+        """The room's last ``seq`` delivered in this process (0 when none)."""
+
+    def subscribe(self, room: str) -> None:
+        """The room opened here (its first member joined)."""
+
+    def members(self, room: str) -> Collection[str]:
+        """The room's users other processes hold (none with one process)."""
+
+    def presence_changed(self, room: str, user: str) -> None:
+        """``user``'s first connection arrived in ``room`` here, or its last left."""
 
 
 class Session:
@@ -118,27 +137,21 @@ class ChatCore:
     def __init__(
         self,
         codec: Codec,
-        last_seq: Callable[[str], int],
+        rooms: RoomSeam,
         *,
         max_body_chars: int,
         max_protocol_errors: int,
         rate_limit_per_s: float,
         rate_limit_burst: int,
         max_rooms_per_connection: int = MAX_ROOMS_PER_CONNECTION_DEFAULT,
-        room_opened: Callable[[str], None] = lambda room: None,
-        room_closed: Callable[[str], None] = lambda room: None,
-        remote_members: Callable[[str], Collection[str]] = lambda room: (),
-        presence_changed: Callable[[str, str], None] = lambda room, user: None,
     ) -> None:
         self.codec = codec
-        #: the broker seam: a process receives a room's messages while it has members there
-        self.room_opened = room_opened
-        self.room_closed = room_closed
-        #: the shared presence seam (several processes): see the module docstring
-        self.remote_members = remote_members
-        self.presence_changed = presence_changed
+        #: the broker seam (see the module docstring), its methods bound once
+        self.room_opened = rooms.subscribe
+        self.remote_members = rooms.members
+        self.presence_changed = rooms.presence_changed
+        self.last_seq = rooms.last_seq
         self.encode = codec.encode_server
-        self.last_seq = last_seq
         self.max_body_chars = max_body_chars
         self.max_protocol_errors = max_protocol_errors
         self.rate = rate_limit_per_s
@@ -309,7 +322,6 @@ class ChatCore:
         closed = len(room) == 0
         if closed:
             del self.rooms[room_name]
-            self.room_closed(room_name)
         elif session.user not in self.remote_members(room_name):
             self._presence(room, session.user, "leave")
         self.presence_changed(room_name, session.user)

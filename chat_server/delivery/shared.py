@@ -3,14 +3,16 @@
 The store's commit script publishes, so a committed message reaches this process's
 members when the broker hears it back (:meth:`SharedDelivery.delivered`). An ack
 waits until this process has delivered its message, so the sender sees its
-``message`` before its ``ack`` as with one process. Joining a room the broker does
+``message`` before its ``ack`` as with one process: the two meet in the room's one
+owner, :class:`~chat_server.broker.shared_room.SharedRoom`, which returns each ack
+right after its message. Joining a room the broker does
 not hold yet waits for it to subscribe; the session's later frames wait behind the
 join, in order (:meth:`SharedDelivery.gate`).
 
-It is the broker's listener: the broker reports the messages it hears, the rooms
-whose ``last_seq`` jumped, and presence. The rooms the core closed come from the
-service (:meth:`SharedDelivery.rooms_closed`), after the core returned them: nothing
-the core calls leads back into it.
+It is the broker's listener: the broker reports the messages to deliver, the acks to
+send, and presence. The rooms the core closed come from the service
+(:meth:`SharedDelivery.rooms_closed`), after the core returned them, and go to the
+broker from here: nothing the core calls leads back into it.
 """
 
 from __future__ import annotations
@@ -19,31 +21,29 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chat_server.broker.base import Broker
 from chat_server.core.chat import ChatCore, Session
 from chat_server.delivery.base import Delivery, Payload
 from chat_server.errors import Unavailable
 from chat_server.messages import Join, Message
 from chat_server.metrics import Counters
 
+if TYPE_CHECKING:
+    from chat_server.broker.redis import RedisBroker
+
 #: frames a session may send while its join waits for the broker; past it: unavailable
 HELD_FRAMES_MAX = 256
 #: on SIGTERM: how long acks may wait for their message's delivery
 ACK_DRAIN_WAIT_S = 2.0
-#: a seq above every real one: release every waiting ack of a room
-_EVERY_SEQ = 2**63
 
 
 class SharedDelivery(Delivery):
     """Acks after delivery, joins after subscribing, held frames, shared presence."""
 
-    def __init__(self, core: ChatCore, counters: Counters, broker: Broker) -> None:
+    def __init__(self, core: ChatCore, counters: Counters, broker: RedisBroker) -> None:
         super().__init__(core, counters)
         self.broker = broker
-        #: room -> sends committed here, waiting for their delivery to be acked (seq order)
-        self.pending_acks: dict[str, deque[tuple[Message, Session]]] = {}
         #: sessions whose join waits for the broker -> the frames they sent meanwhile
         self.held: dict[Session, deque[Payload]] = {}
         broker.report_to(self)
@@ -51,19 +51,9 @@ class SharedDelivery(Delivery):
     # ---- what the service calls ---------------------------------------------------------
 
     def committed(self, items: list[tuple[Message, Session]]) -> None:
-        """Ack what Redis committed once this process delivered it (the store published it)."""
-        core = self.core
-        last_seq = core.last_seq  # the broker's: what this process delivered
-        pending = self.pending_acks
-        for message, session in items:
-            room = message.room
-            waiting = pending.get(room)
-            if waiting is not None:
-                waiting.append((message, session))
-            elif room in core.rooms and last_seq(room) < message.seq:
-                pending[room] = deque([(message, session)])
-            else:
-                self.ack(session, message)
+        """Ack what Redis committed once this process delivered it (the store published it):
+        the broker's rooms keep the acks until then."""
+        self.broker.committed(items)
 
     def join_ready(self, session: Session, message: Join) -> bool:
         """True when the broker holds the room; else hold the session's later frames.
@@ -99,9 +89,9 @@ class SharedDelivery(Delivery):
 
     def rooms_closed(self, rooms: list[str]) -> None:
         """The core closed ``rooms`` (their last local member left; nothing more is heard
-        of them): ack what waited for their delivery."""
+        of them): the broker acks what waited for their delivery and stops hearing them."""
         for room in rooms:
-            self.jumped(room, _EVERY_SEQ)
+            self.broker.unsubscribe(room)
 
     def forget(self, session: Session) -> None:
         """The session closed: drop what it held."""
@@ -110,38 +100,23 @@ class SharedDelivery(Delivery):
     async def drain(self) -> None:
         """On SIGTERM: give committed messages a moment to be heard back, then ack them."""
         deadline = time.monotonic() + ACK_DRAIN_WAIT_S
-        while self.pending_acks and time.monotonic() < deadline:
+        while self.broker.acks_waiting() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        for room in list(self.pending_acks):
-            self.jumped(room, _EVERY_SEQ)
+        self.broker.release_acks()
 
     def stats(self) -> dict[str, Any]:
         """The broker's counters and the acks waiting for their delivery."""
         return {
             "broker": self.broker.stats(),
-            "pending_acks": sum(map(len, self.pending_acks.values())),
+            "pending_acks": self.broker.acks_waiting(),
         }
 
     # ---- what the broker reports (BrokerListener) ------------------------------------------
 
     def delivered(self, message: Message) -> None:
-        """Deliver a message the broker heard, then ack the sends it completes."""
+        """Deliver a message the broker heard to the room's local members."""
         self.core.deliver(message)
         self.counters.delivery_latency.observe(time.time_ns() / 1e6 - message.ts)
-        if self.pending_acks and message.room in self.pending_acks:
-            self.jumped(message.room, message.seq)
-
-    def jumped(self, room: str, last_seq: int) -> None:
-        """Ack the room's waiting sends with ``seq <= last_seq``."""
-        waiting = self.pending_acks.get(room)
-        if not waiting:
-            return
-        ack = self.ack
-        while waiting and waiting[0][0].seq <= last_seq:
-            message, session = waiting.popleft()
-            ack(session, message)
-        if not waiting:
-            del self.pending_acks[room]
 
     def announce(self, room: str, user: str, present: bool) -> None:
         """The room's shared member set changed: tell the local members."""

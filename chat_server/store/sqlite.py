@@ -46,9 +46,24 @@ Durability, by ``synchronous`` (SQLite's ``PRAGMA synchronous`` in WAL mode):
     A committed batch also survives a power loss or OS crash, at the cost of
     one fsync of the WAL per group commit (not per message).
 
-The store numbers messages from a cache of every room's last ``seq`` that its
-writer loads at start, so one process must own the file; several processes
-writing the same file would need a shared store.
+Every room's last ``seq`` is two facts, each with one owner, on purpose:
+
+``numbered`` (:class:`~chat_server.store.sqlite_commits.SqliteWriter`'s)
+    the last seq *committed*, what the next batch is numbered from: loaded from the file
+    when the writer opens, raised by each commit, owned by the thread that commits.
+``applied`` (:meth:`SqliteHistoryStore.last_seq`)
+    the last seq *reported* (its batch applied on the loop and handed to ``on_batch``):
+    what ``joined.last_seq`` and the replay seam read, owned by the loop.
+
+With ``commit_on=loop`` the two are equal between iterations. With ``commit_on=thread``
+``numbered`` runs ahead while outcomes are on their way to the loop, and one cache could
+not be both: read on the loop it would show a seq before its message was delivered (a
+member joining with ``since`` would wait for, or replay around, a message it is about to
+receive live), and kept on the loop it would make the writer wait for the loop before
+numbering each batch, losing the pipelining that is the thread's reason to exist.
+
+The writer numbers from ``numbered``, so one process must own the file; several
+processes writing the same file would need a shared store.
 """
 
 from __future__ import annotations
@@ -237,9 +252,9 @@ class SqliteHistoryStore(LedgerStore):
         self._accepting = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
-        #: every room's last seq as applied (reported to ``on_batch``): the writer's
-        #: ``committed`` as of start, then raised by each outcome applied
-        self._last_seq: dict[str, int] = {}
+        #: ``applied``: every room's last seq reported to ``on_batch`` (the writer's
+        #: ``numbered`` as of start, then raised by each outcome applied; see the docstring)
+        self._applied: dict[str, int] = {}
 
     # ---- life cycle ---------------------------------------------------------
 
@@ -254,7 +269,7 @@ class SqliteHistoryStore(LedgerStore):
         self._loop = asyncio.get_running_loop()
         try:
             await self._commits.start(self._loop)
-            self._last_seq = dict(self._writer.committed)
+            self._applied = dict(self._writer.numbered)
             await self._reads.open()
             self.checkpointer.start(self._loop)
         except BaseException:
@@ -388,7 +403,7 @@ class SqliteHistoryStore(LedgerStore):
 
     def last_seq(self, room: str) -> int:
         """The last ``seq`` of ``room`` reported to ``on_batch`` (0 when it has none)."""
-        return self._last_seq.get(room, 0)
+        return self._applied.get(room, 0)
 
     def _apply(self, items: list[Item], outcome: BatchOutcome) -> None:
         """On the loop, in commit order: give the messages their ``seq``, call ``on_batch``,
@@ -398,7 +413,7 @@ class SqliteHistoryStore(LedgerStore):
             # before the batch is reported.
             for (message, _), seq in zip(items, outcome.seqs, strict=True):
                 message.seq = seq
-            self._last_seq.update(outcome.room_seqs)
+            self._applied.update(outcome.room_seqs)
         self._ledger.report(items, outcome.error)
 
     # ---- the checkpointer (on its own thread, see Checkpointer) ---------------

@@ -81,10 +81,12 @@ class SqliteWriter:
     """The write side: opens the write connection and numbers and writes each batch in one
     transaction. Used by one thread at a time (the loop's, or the writer thread's).
 
-    ``committed`` is every room's last seq as committed, loaded when the connection opens:
-    what the next batch is numbered from. It runs ahead of what the store has applied
-    while a writer thread's outcomes are on their way to the loop, which is why the
-    store's own ``last_seq`` (what was reported) is kept apart from it.
+    ``numbered`` is every room's last seq this writer committed, loaded when the connection
+    opens: what the next batch is numbered from. It is the writer's (read and raised only
+    by the one thread that commits) and runs ahead of what the store has *applied* while
+    a writer thread's outcomes are on their way to the loop: the store's
+    ``SqliteHistoryStore.last_seq`` is that other fact, kept on the loop (see the store's
+    docstring for why there are two).
     """
 
     def __init__(
@@ -103,16 +105,17 @@ class SqliteWriter:
         self._history_max = history_max
         self._commit_seconds = commit_seconds
         self._slow_commits = slow_commits
-        self.committed: dict[str, int] = {}
+        #: room -> the last seq committed by this writer (what the next batch follows)
+        self.numbered: dict[str, int] = {}
 
     def open(self, busy_timeout_s: float | None = None) -> sqlite3.Connection:
-        """Open the write connection (see :func:`open_writer`) and load ``committed``.
+        """Open the write connection (see :func:`open_writer`) and load ``numbered``.
 
         ``busy_timeout_s`` replaces the configured busy timeout once the file is open.
         Raises ``StoreError`` naming the path when the file cannot be opened.
         """
         try:
-            conn, self.committed = open_writer(
+            conn, self.numbered = open_writer(
                 self._path,
                 synchronous=self._synchronous,
                 open_timeout_s=self._busy_timeout_s,
@@ -128,10 +131,10 @@ class SqliteWriter:
     def commit(self, conn: sqlite3.Connection, batch: list[Item]) -> BatchOutcome:
         """Number and write ``batch`` in one transaction.
 
-        On failure nothing was written, ``committed`` is unchanged and the outcome's seqs
+        On failure nothing was written, ``numbered`` is unchanged and the outcome's seqs
         are empty.
         """
-        cache = self.committed
+        cache = self.numbered
         room_seqs: dict[str, int] = {}
         seqs: list[int] = []
         rows: list[tuple[str, int, str, str, int, str | None]] = []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from chat_server.broker.feed import HELD_MAX, RoomFeed
+from typing import Any
+
+from chat_server.broker.feed import HELD_MAX, Deliver, FeedAction, Jumped, RoomFeed
 from chat_server.messages import Message
 
 
@@ -11,20 +13,45 @@ def msg(seq: int, room: str = "r") -> Message:
 
 
 class Recorder:
-    """The feed's callbacks, recorded."""
+    """What the feed returns, recorded by kind."""
 
     def __init__(self) -> None:
         self.delivered: list[int] = []
         self.jumps: list[int] = []
         self.announced: list[tuple[str, bool]] = []
 
-    def feed(self) -> RoomFeed:
-        return RoomFeed(
-            "r",
-            lambda m: self.delivered.append(m.seq),
-            lambda room, seq: self.jumps.append(seq),
-            lambda room, user, present: self.announced.append((user, present)),
-        )
+    def feed(self) -> Any:
+        return _Recording(RoomFeed("r"), self)
+
+    def take(self, actions: list[FeedAction]) -> None:
+        for action in actions:
+            if isinstance(action, Deliver):
+                self.delivered.append(action.message.seq)
+            elif isinstance(action, Jumped):
+                self.jumps.append(action.last_seq)
+            else:
+                self.announced.append((action.user, action.present))
+
+
+class _Recording:
+    """A feed whose returned actions go to a :class:`Recorder` (its state read through)."""
+
+    def __init__(self, feed: RoomFeed, recorder: Recorder) -> None:
+        self._feed = feed
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._feed, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = value(*args, **kwargs)
+            if isinstance(result, list):
+                self._recorder.take(result)
+            return result
+
+        return call
 
 
 def test_nothing_is_delivered_before_the_snapshot_and_duplicates_are_dropped():

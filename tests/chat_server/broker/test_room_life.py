@@ -8,12 +8,15 @@ import pytest
 
 from chat_server.broker.room_life import (
     ROOM_TRANSITIONS,
+    SUB_TRANSITIONS,
     RoomEvent,
     RoomState,
+    SubEvent,
+    SubState,
     Then,
     room_step,
+    sub_step,
 )
-from chat_server.broker.shards import SUB_TRANSITIONS, SubEvent, SubState, sub_step
 
 S, E = RoomState, RoomEvent
 

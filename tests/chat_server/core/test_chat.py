@@ -31,6 +31,29 @@ class Peer:
         self.closed = (code, reason)
 
 
+class Seam:
+    """The core's broker seam, recorded: the rooms opened, the presence written, the
+    users held elsewhere and each room's last seq (what the test sets)."""
+
+    def __init__(self, last: dict[str, int] | None = None) -> None:
+        self.last = {} if last is None else last
+        self.opened: list[str] = []
+        self.remote: set[str] = set()
+        self.written: list[tuple[str, str]] = []
+
+    def last_seq(self, room: str) -> int:
+        return self.last.get(room, 0)
+
+    def subscribe(self, room: str) -> None:
+        self.opened.append(room)
+
+    def members(self, room: str) -> set[str]:
+        return self.remote
+
+    def presence_changed(self, room: str, user: str) -> None:
+        self.written.append((room, user))
+
+
 class World:
     """A core with a fake clock and a seq counter standing in for the store."""
 
@@ -38,7 +61,7 @@ class World:
         self.last: dict[str, int] = {}
         self.core = ChatCore(
             CODEC,
-            lambda room: self.last.get(room, 0),
+            Seam(self.last),
             max_body_chars=int(limits.get("max_body_chars", 100)),
             max_protocol_errors=int(limits.get("max_protocol_errors", 3)),
             rate_limit_per_s=limits.get("rate", 10),
@@ -188,43 +211,39 @@ def test_a_join_past_the_room_cap_is_refused_uncounted_and_opens_nothing():
     assert a.rooms == {"r2", "r3"}
 
 
-def test_rooms_open_and_close_through_the_broker_seam():
-    opened: list[str] = []
-    closed: list[str] = []
+def test_rooms_open_through_the_broker_seam_and_closed_ones_are_returned():
+    seam = Seam()
+    opened = seam.opened
     core = ChatCore(
         CODEC,
-        lambda room: 0,
+        seam,
         max_body_chars=10,
         max_protocol_errors=3,
         rate_limit_per_s=1,
         rate_limit_burst=1,
-        room_opened=opened.append,
-        room_closed=closed.append,
     )
     a = core.open_session("alice", lambda frame: None, lambda code, reason: None, 0)
     b = core.open_session("bob", lambda frame: None, lambda code, reason: None, 0)
     core.join(a, Join(room="r"))
     core.join(b, Join(room="r"))
-    assert (opened, closed) == (["r"], [])
+    assert opened == ["r"]
     assert core.leave(a, Leave(room="r")) is False  # the room stays open
-    assert closed == []
-    assert core.close_session(b) == ["r"]  # returned, for the delivery to settle
-    assert (opened, closed) == (["r"], ["r"])
+    assert core.close_session(b) == ["r"]  # returned, for the delivery to tell the broker
+    assert opened == ["r"] and "r" not in core.rooms
 
 
 def test_presence_follows_the_shared_view_of_the_room():
     """With several processes a member sees the shared set plus the local users, once each."""
-    remote: set[str] = {"dave"}  # dave is connected to another process
-    written: list[tuple[str, str]] = []
+    seam = Seam()
+    remote, written = seam.remote, seam.written
+    remote.add("dave")  # dave is connected to another process
     core = ChatCore(
         CODEC,
-        lambda room: 0,
+        seam,
         max_body_chars=100,
         max_protocol_errors=3,
         rate_limit_per_s=10,
         rate_limit_burst=5,
-        remote_members=lambda room: remote,
-        presence_changed=lambda room, user: written.append((room, user)),
     )
     peers = {}
     sessions = {}
