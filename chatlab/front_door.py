@@ -89,6 +89,9 @@ class FrontDoor:
     drop_privileges: bool = True
     #: a Unix socket for HAProxy's runtime API (``show stat``), mode 600 (empty: none)
     stats_socket: str = ""
+    #: HAProxy's threads (0: its default, one per core it may run on); the lab runs one,
+    #: pinned beside the server it measures
+    threads: int = 0
 
     def __post_init__(self) -> None:
         for name, servers in (("chat", self.chat_servers), ("auth", self.auth_servers)):
@@ -139,6 +142,7 @@ def render(front: FrontDoor, command: str = "") -> str:
         "global",
         f"    log {front.log_target} format raw local0",
         f"    maxconn {front.max_connections}",
+        *[f"    nbthread {front.threads}"] * bool(front.threads),
         *privileges,
         *stats,
         # as the services themselves (chatlab.tls.MINIMUM_VERSION)

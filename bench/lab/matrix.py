@@ -24,7 +24,8 @@ MATRICES_DIR = Path(__file__).resolve().parent.parent / "matrices"
 TARGETS = ("chat", "relay")
 #: where a chat configuration's TLS is (``Config.tls``): none, in the server itself
 #: (``TLS_CERT_FILE``), or at HAProxy in front of it, the hop behind plain
-#: (:mod:`bench.lab.proxy`); the lab makes a throwaway certificate for either
+#: (:mod:`chatlab.front_door`, as ``deploy/haproxy``); the lab makes a throwaway
+#: certificate for either
 TLS_MODES = ("off", "server", "proxy")
 AUTH_MODES = ("prelogin", "login")
 #: a climb's steps at most (for time estimates and timeouts: doubling up, then bisecting)

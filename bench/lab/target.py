@@ -16,13 +16,14 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 
 from bench.lab.facts import usable_cores
 from bench.lab.matrix import Config
-from bench.lab.proxy import HaproxyProcess
 from bench.lab.results import Run
+from chatlab.haproxy import HAProxyProcess
 from chatlab.harness import (
     ROOT,
     AuthProcess,
@@ -38,6 +39,10 @@ from chatlab.throwaway_ca import ThrowawayCA
 
 #: the auth service of a lab run: real argon2 (its defaults), long tokens, no per-address
 #: limits (every simulated user comes from 127.0.0.1)
+#: connections the lab's proxy accepts (a run opens a few thousand; each is also one to
+#: the server, so the descriptors it asks for are twice this and some)
+PROXY_MAX_CONNECTIONS = 8000
+
 LAB_AUTH = {
     "TOKEN_TTL_S": "86400",
     "LOGIN_RATE_PER_CLIENT_PER_MIN": "0",
@@ -156,7 +161,7 @@ class Target:
         #: the configuration's, with BROKER=redis (a cluster with REDIS_CLUSTER=on)
         self.redis: RedisProcess | RedisClusterProcesses | None = None
         self.metrics_port = 0  # 0: none (the relay)
-        self.proxy: HaproxyProcess | None = None  # tls = "proxy"
+        self.proxy: HAProxyProcess | None = None  # tls = "proxy"
 
     # ---- startup and shutdown ----------------------------------------------------------
 
@@ -177,10 +182,36 @@ class Target:
             self.server.start(timeout_s=30)
             if self.config.tls == "proxy":
                 assert self.ca is not None
-                self.proxy = HaproxyProcess(self.workdir, self.server.port, self.ca)
+                self.proxy = self._proxy(self.server.port)
                 self.proxy.start()
                 pin(self.proxy.proc, self.cores)
         return self
+
+    def _proxy(self, server_port: int) -> HAProxyProcess:
+        """The deployment's front door (:mod:`chatlab.front_door`, what ``deploy/haproxy``
+        holds) in front of this server, TLS terminated there with the lab's certificate and
+        a plain hop: what "behind the proxy" measures is the configuration a deployment
+        runs. One thread (pinned beside the server by the caller), room for a run's
+        connections; its auth backend is the lab's auth service, which its ``/healthz``
+        asks for."""
+        assert self.ca is not None
+        if self.auth is not None:
+            auth = f"127.0.0.1:{self.auth.port}"
+        elif self.auth_urls:
+            auth = urlsplit(self.auth_urls[0]).netloc
+        else:
+            raise ValueError(f"{self.config.name}: tls proxy needs an auth service behind it")
+        return HAProxyProcess(
+            self.workdir,
+            [f"127.0.0.1:{server_port}"],
+            [auth],
+            cert_file=self.ca.cert_file,
+            key_file=self.ca.key_file,
+            ca_file=self.ca.ca_file,
+            threads=1,
+            max_connections=PROXY_MAX_CONNECTIONS,
+            stats_socket="",  # no runtime API: a run's directory can be past a socket's path
+        )
 
     def shutdown(self, run: Run) -> None:
         """Stop the proxy, the server (SIGTERM: a clean drain), then its Redis; a failure
