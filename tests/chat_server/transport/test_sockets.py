@@ -46,12 +46,18 @@ async def test_a_dropped_slow_consumer_is_reset_and_its_socket_gone(start_server
     talker = await Client.connect(server, keys.mint("talker"))
     await talker.expect(Welcome)
     await talker.join("slow")
-    reading = asyncio.ensure_future(_read_all(talker))  # the talker keeps up
+    frames = [0]  # what the talker has read
+    reading = asyncio.ensure_future(_read_all(talker, frames))  # the talker keeps up
     body = "x" * 3000
 
-    async def given_up() -> bool:  # 100 messages at a time until the server gives up on it
-        for _ in range(100):
+    async def given_up() -> bool:
+        # ten messages at a time (30 kB, under the talker's own bound), each round read back
+        # (its ack and its copy) before the next: on a loaded machine a talker that sent a
+        # hundred at once fell behind its own copies and was the one closed with 1013
+        wanted = frames[0] + 2 * 10
+        for _ in range(10):
             await talker.send(Send(room="slow", body=body))
+        await wait_until(lambda: frames[0] >= wanted, 10, "the talker read its own round")
         return server.stats()["slow_consumer_closes"] > 0
 
     await wait_until(given_up, 30, "the stuck reader closed with 1013")
@@ -72,6 +78,7 @@ async def test_a_dropped_slow_consumer_is_reset_and_its_socket_gone(start_server
     reading.cancel()
 
 
-async def _read_all(client: Client) -> None:
+async def _read_all(client: Client, frames: list[int]) -> None:
     while True:
         await client.conn.recv()
+        frames[0] += 1
