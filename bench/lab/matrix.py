@@ -148,12 +148,15 @@ class Config:
 
 def shares_core(config: Config) -> bool:
     """Whether ``config`` can run beside others on the server's core in a paired cost
-    phase: one process (one worker, no Redis, plain: the paired driver speaks ws://)
-    pinned as the lab pins it."""
+    phase: one process (one worker, no Redis) pinned as the lab pins it, plain or with
+    TLS in the server (the paired driver verifies wss:// with the lab's CA file). Not
+    behind the proxy (``tls = "proxy"``): a paired step would read the server's CPU alone
+    while the verdict needs the server's and HAProxy's together, and HAProxy beside every
+    paired server is one more process each idle round; its cost steps stay in its runs."""
     env = config.env
     return (
         config.fast
-        and config.tls == "off"
+        and config.tls in ("off", "server")
         and env.get("WORKERS", "1") == "1"
         and env.get("CPU_AFFINITY", "server") == "server"
         and env.get("BROKER", "memory") != "redis"
@@ -190,8 +193,9 @@ class Matrix:
 
     def paired(self) -> tuple[Config, ...]:
         """The configurations whose cost steps the paired phase takes (those with cost
-        rates that can share the server's core, :func:`shares_core`), when the matrix
-        asks for pairs and at least two qualify; else none."""
+        rates that can share the server's core, :func:`shares_core`: plain or TLS in the
+        server, not behind the proxy, whose cost steps stay unpaired in its runs), when
+        the matrix asks for pairs and at least two qualify; else none."""
         if self.load.pairs <= 0:
             return ()
         found = tuple(

@@ -322,6 +322,7 @@ class Lab:
                 server_cores=self.server_cores,
                 generator_cores=self.generator_cores,
                 started_s=round(time.monotonic() - self.t0, 2),
+                tls=c.tls,
             )
             for c in configs
         }
@@ -340,6 +341,7 @@ class Lab:
                     keys=self.keys,
                     auth=self.auth,
                     auth_urls=self.auth_urls,
+                    ca=self.ca,
                 )
                 self._targets.append(target)
                 targets[config.name] = target
@@ -351,6 +353,7 @@ class Lab:
                         "name": c.name,
                         "target": c.target,
                         "url": targets[c.name].url,
+                        "ca_file": targets[c.name].ca_file,
                         "serializer": c.env.get("SERIALIZER", "orjson"),
                         "deflate": offers_deflate(c.env),
                         "token_file": str(self.token_file) if c.target == "chat" else None,

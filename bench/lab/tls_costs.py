@@ -4,7 +4,10 @@ knees, gathered from a lab run's Results, and the sentences the report says of t
 
 A configuration's TLS is where its runs say (:attr:`~bench.lab.results.Run.tls`): ``off``,
 ``server`` (the server encrypts every frame on its own thread) or ``proxy`` (HAProxy
-terminates TLS, the hop to the server plain). Figures are medians over the repeats.
+terminates TLS, the hop to the server plain). Figures are medians over the repeats, or
+over the rounds of the paired cost phase where a configuration's cost steps were taken
+there (``Results.paired``: plain and TLS in the server; the verdicts with their floor
+are the ladder's).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def tls_costs(results: Results) -> list[TlsCost]:
     """Every chat configuration's cost steps, by configuration (matrix order) then rate."""
     found: dict[tuple[str, float], TlsCost] = {}
     knees: dict[str, list[float]] = {}
-    for run in results.runs:
+    for run in [*results.paired, *results.runs]:
         if run.target != "chat" or run.status != "ok":
             continue
         if run.knee is not None and run.knee.capacity_delivered_per_s:

@@ -3,7 +3,9 @@ HAProxy terminating TLS in front of a plain server, with a throwaway certificate
 makes), and what the report says of the costs, from figures stated by hand.
 
 The end-to-end run is tiny (20 connections, 100 sends/s, no climb): it measures nothing
-against a bound, only that every configuration ran over its own path and that the figures
+against a bound, only that every configuration ran over its own path, that plain and TLS
+in the server took their cost steps in the paired phase (the paired driver over wss://,
+verified with the lab's CA) while the proxy's stayed in its runs, and that the figures
 exist where the report says (the knees' sentence is checked with figures by hand).
 """
 
@@ -30,6 +32,7 @@ room_size = 10
 rates = [100]
 cost_rates = [100]
 cost_step_s = 1
+pairs = 5
 step_s = 1
 warmup_s = 0.5
 drain_s = 0.3
@@ -76,16 +79,26 @@ def test_the_tls_matrix_shape_runs_each_path_and_reports_server_and_proxy_cpu_pe
         "server",
         "proxy",
     ]
-    for run in runs.values():
-        cost = next(s for s in run.steps if s.cost)
-        assert cost.delivered == cost.sent * 10, cost  # every member got every message
-        assert cost.server_us_per_frame is not None and cost.server_us_per_frame > 0
+    # plain and TLS in the server share the server's core in the paired phase: their cost
+    # steps come from its five rounds, A B B A, none from their runs; the proxy's stay
+    paired = {run.config: run for run in results.paired}
+    assert set(paired) == {"plain", "TLS in the server"}, list(paired)
+    assert [paired[n].tls for n in ("plain", "TLS in the server")] == ["off", "server"]
+    for name in ("plain", "TLS in the server"):
+        assert paired[name].status == "ok", paired[name].error
+        assert sorted(s.pair_round for s in paired[name].steps if s.cost) == list(range(5))
+        assert not any(s.cost for s in runs[name].steps)
+    assert (out / "runs" / "paired" / "spec.json").read_text().count("wss://") == 1
+    for run in [*paired.values(), runs["TLS at HAProxy"]]:
+        for cost in (s for s in run.steps if s.cost):
+            assert cost.delivered == cost.sent * 10, cost  # every member got every message
+            assert cost.server_us_per_frame is not None and cost.server_us_per_frame > 0
     # the proxy's own CPU, read apart from the server's, only where there is a proxy
     proxied = next(s for s in runs["TLS at HAProxy"].steps if s.cost)
     assert proxied.proxy_us_per_frame is not None and proxied.proxy_us_per_frame > 0
     assert runs["TLS at HAProxy"].samples["proxy"]
     for name in ("plain", "TLS in the server"):
-        assert all(s.proxy_cpu_s is None for s in runs[name].steps)
+        assert all(s.proxy_cpu_s is None for s in [*runs[name].steps, *paired[name].steps])
         assert "proxy" not in runs[name].samples
     # each path really was what its name says: the lab's CA, the server's TLS, HAProxy's
     assert (out / "tls" / "ca.pem").exists()
@@ -161,3 +174,16 @@ def test_tls_belongs_to_chat_configurations_and_names_a_known_place(tmp_path: Pa
         bad.write_text(f'[[config]]\nname = "x"\n{table}\n')
         with pytest.raises(MatrixError, match="tls"):
             load_matrix(str(bad))
+
+
+def test_the_tls_matrix_pairs_plain_and_tls_in_the_server_within_its_announced_time() -> None:
+    matrix = load_matrix("tls")
+    # plain, TLS in the server and the A/A twin share the server's core in the paired
+    # phase, five rounds at least; behind the proxy the cost steps stay in its runs
+    assert matrix.load.pairs >= 5
+    assert {c.tls for c in matrix.paired()} == {"off", "server"}
+    assert {c.name for c in matrix.paired()} == {c.name for c in matrix.configs if c.tls != "proxy"}
+    proxied = next(c for c in matrix.configs if c.tls == "proxy")
+    assert matrix.load_of(proxied).cost_rates == matrix.load.cost_rates
+    assert all(matrix.load_of(c).cost_rates == () for c in matrix.paired())
+    assert matrix.estimate_s(matrix.repeat) <= 8 * 60

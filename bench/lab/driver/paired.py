@@ -9,8 +9,10 @@ rounds and backward in odd ones (:func:`bench.lab.pairs.pair_order`: A B, B A, .
 While one server is driven the others are idle; each step's window reads the idle
 ones' CPU apart (``Step.idle_cpu_s``), what else ran on the server's cores and their steal.
 
-The spec (JSON): ``targets`` (each ``name``, ``target``, ``url``, ``serializer``,
-``deflate``, ``token_file``, ``server_pid``, ``rates``), ``connections``, ``room_size``,
+The spec (JSON): ``targets`` (each ``name``, ``target``, ``url``, ``ca_file``,
+``serializer``, ``deflate``, ``token_file``, ``server_pid``, ``rates``; a wss:// ``url``
+is verified with ``ca_file``, PEM CA certificates, one TLS context for all its
+connections as :class:`~bench.lab.driver.run.Driver` makes), ``connections``, ``room_size``,
 ``step_s``, ``warmup_s``, ``drain_s``, ``rounds``, ``cores`` and ``server_cores`` (core
 lists), ``lab_pid``, ``t0_monotonic`` and ``json_out``, where it writes
 ``{name: [Step, ...]}`` after every step. Exit status 0, or 1 when a server's
@@ -51,6 +53,7 @@ def configs_of(spec: dict[str, Any]) -> dict[str, DriverConfig]:
         configs[target["name"]] = DriverConfig(
             target=target["target"],
             url=target["url"],
+            ca_file=target.get("ca_file") or "",
             serializer=target.get("serializer", "orjson"),
             tokens=tokens,
             connections=int(spec["connections"]),
