@@ -230,10 +230,9 @@ class Lab:
 
     # ---- one configuration, once ---------------------------------------------------------
 
-    def run_config(self, config: Config, load: Load, repeat: int) -> Run:
-        """Start, drive, sample and stop one configuration once; its Run (status says
-        how). A climbing ``load`` fills the run's knee."""
-        workdir, run, sampler = self.begin_run(config, repeat, f"r{repeat + 1}")
+    def _target(self, config: Config, workdir: Path) -> Target:
+        """``config``'s target in ``workdir``, with the lab's cores, keys, auth service and
+        certificate, held so that a Ctrl-C stops it."""
         target = Target(
             config,
             workdir,
@@ -244,6 +243,13 @@ class Lab:
             ca=self.ca,
         )
         self._targets.append(target)
+        return target
+
+    def run_config(self, config: Config, load: Load, repeat: int) -> Run:
+        """Start, drive, sample and stop one configuration once; its Run (status says
+        how). A climbing ``load`` fills the run's knee."""
+        workdir, run, sampler = self.begin_run(config, repeat, f"r{repeat + 1}")
+        target = self._target(config, workdir)
         watch: TailWatch | None = None
         try:
             self.phase(config, repeat, "starting")
@@ -334,16 +340,7 @@ class Lab:
                     self.progress.phase(f"paired cost steps: starting {config.name}")
                 config_dir = workdir / config.slug()
                 config_dir.mkdir(exist_ok=True)
-                target = Target(
-                    config,
-                    config_dir,
-                    self.server_cores,
-                    keys=self.keys,
-                    auth=self.auth,
-                    auth_urls=self.auth_urls,
-                    ca=self.ca,
-                )
-                self._targets.append(target)
+                target = self._target(config, config_dir)
                 targets[config.name] = target
                 target.startup()
             time.sleep(load.settle_s)

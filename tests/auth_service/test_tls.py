@@ -24,7 +24,7 @@ from chatlab.throwaway_ca import ThrowawayCA
 from chatlab.tls import client_context
 from loadtest.auth import AuthClient
 from loadtest.seed import seed
-from tests.support import opens_chat
+from tests.support import closed_by_server, opens_chat
 from tests.support.auth import TEST_SETTINGS
 
 PASSWORD = "correct horse"
@@ -67,20 +67,10 @@ def test_a_client_trusting_another_ca_is_refused(https_auth: AuthProcess, wrong_
 
 def test_plain_http_to_the_https_port_is_closed_while_https_is_served(https_auth: AuthProcess):
     async def answer_to_plain_http() -> bytes:
-        loop = asyncio.get_running_loop()
-        received = b""
         with socket.create_connection(("127.0.0.1", https_auth.port), timeout=10) as sock:
             sock.setblocking(False)
             sock.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            async with asyncio.timeout(30):
-                while True:
-                    try:
-                        chunk = await loop.sock_recv(sock, 4096)
-                    except ConnectionResetError:
-                        return received
-                    if not chunk:
-                        return received
-                    received += chunk
+            return await closed_by_server(sock, 30)
 
     answer = asyncio.run(answer_to_plain_http())
     assert not answer.startswith(b"HTTP/"), answer  # nothing of the API in plain text

@@ -400,3 +400,19 @@ async def served(
         assert all(frame.ref == ref for frame in seen), seen
     finally:
         await client.close()
+
+
+async def closed_by_server(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything the server sends on the non-blocking raw ``sock`` until it closes the
+    connection (a reset counts as closed), within ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    received = b""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                chunk = await loop.sock_recv(sock, 4096)
+            except ConnectionResetError:
+                return received
+            if not chunk:
+                return received
+            received += chunk

@@ -25,7 +25,7 @@ from chat_server.settings import SPECS, TRANSPORTS
 from chat_server.transport.accept import HANDSHAKE_TIMEOUT_S
 from chatlab.throwaway_ca import ThrowawayCA
 from chatlab.tls import client_context
-from tests.support import ROOT, KeyPair, ServerProcess, served
+from tests.support import ROOT, KeyPair, ServerProcess, closed_by_server, served
 
 LOOPS = ("asyncio", "uvloop")
 COMBOS = [(transport, loop) for transport in TRANSPORTS for loop in LOOPS]
@@ -101,21 +101,6 @@ def test_a_client_trusting_another_ca_is_refused(
     assert isinstance(refused.value.reason, ssl.SSLCertVerificationError)
 
 
-async def _closed_by_server(sock: socket.socket, timeout_s: float) -> bytes:
-    """Everything the server sends until it closes the connection (reset counts as closed)."""
-    loop = asyncio.get_running_loop()
-    received = b""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                chunk = await loop.sock_recv(sock, 4096)
-            except ConnectionResetError:
-                return received
-            if not chunk:
-                return received
-            received += chunk
-
-
 def _connected(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.setblocking(False)
@@ -132,7 +117,7 @@ def test_plain_text_to_the_tls_port_is_closed_while_a_tls_client_is_served(
                 b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                 b"Sec-WebSocket-Version: 13\r\n\r\n"
             )
-            answer = await _closed_by_server(plain, HANDSHAKE_TIMEOUT_S + SLACK_S)
+            answer = await closed_by_server(plain, HANDSHAKE_TIMEOUT_S + SLACK_S)
         await served(tls_server, keys.mint("bob"))
         return answer
 
@@ -158,7 +143,7 @@ def test_clients_stalled_in_the_tls_handshake_are_dropped_while_others_are_serve
             for server in tls_servers.values():
                 await served(server, keys.mint("carol"))
             await asyncio.gather(
-                *(_closed_by_server(sock, HANDSHAKE_TIMEOUT_S + SLACK_S) for sock in stalled)
+                *(closed_by_server(sock, HANDSHAKE_TIMEOUT_S + SLACK_S) for sock in stalled)
             )
         finally:
             for sock in stalled:
