@@ -25,6 +25,7 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import orjson
 import uvicorn
@@ -175,6 +176,8 @@ class AuthAPI:
         sessions: Sessions,
         tokens: TokenIssuer,
         limits: Limits,
+        *,
+        page_origins: tuple[str, ...] = (),
     ) -> None:
         self.metrics = AuthMetrics(ROUTES)
         self.passwords = MeasuredPasswords(passwords, self.metrics)
@@ -182,6 +185,8 @@ class AuthAPI:
         self.sessions = sessions
         self.tokens = tokens
         self.limits = limits
+        #: AUTH_CORS_ORIGINS: the pages whose requests may present the refresh cookie
+        self.page_origins = frozenset(page_origins)
 
     async def register(self, request: Request) -> JSONResponse:
         """``POST /register``: 201 ``{"username"}`` once the user is committed."""
@@ -242,7 +247,7 @@ class AuthAPI:
         """``POST /refresh``: the token presented (body, or the cookie) is spent; 200 with a
         new access token and the next refresh token, or 401 ``invalid_token``."""
         _draw(self.limits.refreshes_per_client, self.limits.client(request), "refreshes")
-        token, cookie = await _presented_token(request)
+        token, cookie = await _presented_token(request, self.page_origins)
         try:
             refreshed = await self._refresh(token)
         except AuthError as exc:
@@ -276,14 +281,15 @@ class AuthAPI:
         """``POST /logout``: 204, the token's family revoked (if it had a live one) and the
         cookies cleared; an unknown token is answered the same."""
         _draw(self.limits.refreshes_per_client, self.limits.client(request), "logouts")
-        token, _ = await _presented_token(request)
+        token, cookie = await _presented_token(request, self.page_origins)
         if token is not None and well_formed(token):
             family_id = await self.sessions.revoke_family_of(token, time.time())
             if family_id is not None:
                 self.metrics.sessions_revoked.labels(RevokeReason.LOGOUT).inc()
                 log.info("session %s ended by logout", family_id)
         answer = Response(status_code=204)
-        _clear_cookies(answer)
+        if cookie:
+            _clear_cookies(answer)
         return answer
 
     def _tokens(self, session: Session, cookie: bool) -> JSONResponse:
@@ -375,7 +381,14 @@ def build_api(
         audience=settings.jwt_audience,
         ttl_s=settings.token_ttl_s,
     )
-    return AuthAPI(passwords, users, sessions, tokens, Limits.from_settings(settings))
+    return AuthAPI(
+        passwords,
+        users,
+        sessions,
+        tokens,
+        Limits.from_settings(settings),
+        page_origins=settings.cors_origins,
+    )
 
 
 def create_app(api: AuthAPI, cors_origins: tuple[str, ...] = ()) -> Starlette:
@@ -449,16 +462,42 @@ def _credentials(document: dict[str, Any]) -> tuple[str, str]:
     return username, password
 
 
-async def _presented_token(request: Request) -> tuple[str | None, bool]:
+async def _presented_token(
+    request: Request, page_origins: frozenset[str]
+) -> tuple[str | None, bool]:
     """The refresh token of a ``/refresh`` or ``/logout`` request and whether it came by
-    cookie: the body's ``refresh_token``, else (an empty body or ``{}``) the cookie."""
+    cookie: the body's ``refresh_token``, else (an empty body or ``{}``) the cookie, taken
+    only from a page the cookie may serve (``_cookie_may_come_from``); otherwise none."""
     document = await _json_object(request, '{"refresh_token"} or {}', empty_ok=True)
     if "refresh_token" in document:
         token = document["refresh_token"]
         if not isinstance(token, str):
             raise AuthError(AuthCode.BAD_REQUEST, '"refresh_token" must be a string')
         return token, False
+    if not _cookie_may_come_from(request, page_origins):
+        return None, False
     return request.cookies.get(REFRESH_COOKIE), True
+
+
+def _cookie_may_come_from(request: Request, page_origins: frozenset[str]) -> bool:
+    """Whether a request may spend or end the session its cookie names.
+
+    ``SameSite=Strict`` keeps other *sites* from sending the cookie, but a page on another
+    port of the same host is the same site, and a browser sends it the cookie too. A
+    browser names the page behind every ``POST`` in ``Origin``: the cookie is honoured
+    from the chat page's origins (``AUTH_CORS_ORIGINS``) and the service's own (a front
+    door serving the page and the auth routes on one origin), and from requests without
+    ``Origin`` (not a browser's: no page to forge them). Refused, the request is answered
+    as one without a token, and no cookie is cleared.
+    """
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    origin = origin.rstrip("/")
+    if origin in page_origins:
+        return True
+    host = request.headers.get("host")
+    return host is not None and urlsplit(origin).netloc == host.lower()
 
 
 def _clear_cookies(answer: Response) -> None:

@@ -345,6 +345,39 @@ def test_cookie_logout_revokes_and_clears_both_cookies(auth: AuthProcess, user: 
     assert _invalid(_by_cookie(auth, "/refresh", token))
 
 
+def test_the_cookie_is_honoured_only_from_the_page_or_the_service_itself(
+    auth: AuthProcess, user: str
+):
+    # a page on another port of the same host is the same site: the browser sends it the
+    # cookie (SameSite=Strict), so Origin decides; nothing is spent, revoked or cleared
+    token = _cookie_token(_login(auth, user, cookie=True))
+    for path in ("/refresh", "/logout"):
+        forged = raw_request(
+            auth,
+            "POST",
+            path,
+            body=b"",
+            headers={"Cookie": f"chatlab_refresh={token}", "Origin": "http://127.0.0.1:9"},
+        )
+        assert forged.status == (401 if path == "/refresh" else 204), forged
+        assert forged.cookies == [], forged
+    # the session is whole: the page's own origin refreshes it, as does the service's own
+    # origin (a front door serving the page and /refresh together)
+    honest = _by_cookie(auth, "/refresh", token)
+    assert honest.status == 200, honest
+    own = raw_request(
+        auth,
+        "POST",
+        "/refresh",
+        body=b"",
+        headers={
+            "Cookie": f"chatlab_refresh={_cookie_token(honest)}",
+            "Origin": f"http://127.0.0.1:{auth.port}",
+        },
+    )
+    assert own.status == 200, own
+
+
 def test_the_pages_origin_may_send_credentials_and_others_may_not(auth: AuthProcess):
     preflight = raw_request(
         auth,
