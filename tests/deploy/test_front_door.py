@@ -243,6 +243,11 @@ def test_the_page_over_https_chats_and_catches_up_after_its_chat_process_is_kill
     with browsers(tmp_path, "page", flags=(trusted_by_chromium(ca.cert_file),)) as (page,):
         page.open(door.proxy.http_url("/"))
         page.sign_in(f"pat{room}", register=True)
+        # the auth service on the page's own https origin: the refresh token is a cookie,
+        # and /refresh reaches an auth replica through the door
+        cookies = [c for c in page.cookies() if c["name"] == "chatlab_refresh"]
+        assert sorted(c["path"] for c in cookies) == ["/logout", "/refresh"]
+        assert page.js("return session.renew().then((renewed) => renewed.ok)") is True
         page.join(room)
         page.wait(lambda: len(page.messages(room)) == 1, "history")
         assert page.messages(room)[0]["origin"] == "history"
