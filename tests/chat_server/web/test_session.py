@@ -34,6 +34,19 @@ pytestmark = pytest.mark.skipif(
 TOKEN_TTL_S = 3
 REFRESH_COOKIE = "chatlab_refresh"
 
+#: the page's access token replaced by one the chat server refuses, which the page
+#: believes good for an hour (after any renewal in flight, with the renewal timer stopped)
+_REFUSED_TOKEN_JS = """
+return (session.renewing || Promise.resolve()).then(() => {
+  clearTimeout(session.timer);
+  sessionStorage.setItem('chatlab.token', 'refused');
+  const later = String(Date.now() + 3600 * 1000);
+  sessionStorage.setItem('chatlab.token_renew_at', later);
+  sessionStorage.setItem('chatlab.token_expires_at', later);
+  return true;
+});
+"""
+
 
 @pytest.fixture(scope="module")
 def site(
@@ -181,6 +194,16 @@ def test_a_page_on_another_host_keeps_its_refresh_token_in_the_tab_and_renews_on
         renewed = _refreshes(auth)
         carol.open(page)
         carol.online()
+        assert _refreshes(auth) > renewed
+        assert _logins(auth) == logins
+
+        # a token the page holds as fresh but the chat server refuses (its handshake's 401
+        # is only a failed connection to a browser): the page renews it and connects
+        assert carol.js(_REFUSED_TOKEN_JS) is True
+        renewed = _refreshes(auth)
+        carol.driver.refresh()
+        carol.online()
+        assert "connection lost; reconnecting" in carol.field("events").text
         assert _refreshes(auth) > renewed
         assert _logins(auth) == logins
 
