@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
-from chat_server.messages import Ack, Message, Presence, Welcome
 from chatlab.harness import AuthProcess, KeyPair, ServerProcess
-from tests.support import CHROMIUM, Client, wait_until
+from tests.support import CHROMIUM, say_acked, wait_until
 from tests.support.auth import TEST_SETTINGS, counted
 from tests.support.browser import CHROMEDRIVER, PASSWORD, Browser, browsers
 
@@ -75,12 +74,6 @@ def site(
         auth.kill()
 
 
-@pytest.fixture(autouse=True)
-def _selenium_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Selenium's driver manager may never fetch a browser or a driver."""
-    monkeypatch.setenv("SE_OFFLINE", "true")
-
-
 def _refreshes(auth: AuthProcess) -> float:
     return counted(auth, "auth_refresh", outcome="rotated")
 
@@ -102,17 +95,6 @@ def _settled_signed_out(browser: Browser) -> bool:
     """True once the page has started and shows the sign-in form (and not the chat)."""
     started = browser.js("return typeof state !== 'undefined' && state.config !== null")
     return bool(started) and browser.field("login-panel").is_displayed()
-
-
-async def _say(chat: ServerProcess, token: str, room: str, bodies: list[str]) -> None:
-    """Another user says each of ``bodies`` in ``room``, each acked."""
-    client = await Client.connect(chat, token)
-    await client.expect(Welcome)
-    await client.join(room)
-    for body in bodies:
-        await client.say(room, body, ref=body)
-        await client.expect(Ack, skip=(Message, Presence))
-    await client.close()
 
 
 def test_the_page_stays_signed_in_across_token_lifetimes_and_a_chat_server_restart(
@@ -142,7 +124,7 @@ def test_the_page_stays_signed_in_across_token_lifetimes_and_a_chat_server_resta
         alice.wait(lambda: _refreshes(auth) > down, "a renewal while the chat server is down")
         chat.start()
         missed = ["while you were away 1", "while you were away 2"]
-        asyncio.run(_say(chat, auth.token("bob", PASSWORD), "lobby", missed))
+        asyncio.run(say_acked(chat, auth.token("bob", PASSWORD), "lobby", missed))
         alice.online()
         alice.wait(lambda: _bodies(alice, "lobby") == [*said, *missed], "caught up")
         assert not alice.field("login-panel").is_displayed()
