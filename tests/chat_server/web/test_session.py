@@ -106,7 +106,8 @@ def test_the_page_stays_signed_in_across_token_lifetimes_and_a_chat_server_resta
     assert auth.register("bob", PASSWORD).status == 201
     logins = _logins(auth)
     with browsers(tmp_path, "alice") as (alice,):
-        alice.open(f"http://127.0.0.1:{chat.port}/")
+        page = f"http://127.0.0.1:{chat.port}/"
+        alice.open(page)
         alice.sign_in("alice", register=True)
         alice.join("lobby")
         for n in range(3):  # three token lifetimes, each token renewed by the page
@@ -129,6 +130,12 @@ def test_the_page_stays_signed_in_across_token_lifetimes_and_a_chat_server_resta
         alice.wait(lambda: _bodies(alice, "lobby") == [*said, *missed], "caught up")
         assert not alice.field("login-panel").is_displayed()
         # alice's one login and bob's: the page never asked for the password again
+        assert _logins(auth) == logins + 2
+
+        # a new tab of the same browser has no access token of its own, but the cookie
+        alice.driver.switch_to.new_window("tab")
+        alice.open(page)
+        alice.online()
         assert _logins(auth) == logins + 2
 
         # the refresh token: an HttpOnly cookie sent only to /refresh and /logout, out of
