@@ -188,6 +188,7 @@ def test_a_spent_token_whose_successor_is_spent_revokes_the_family(auth: AuthPro
 def test_a_spent_token_after_its_grace_revokes_the_family(auth: AuthProcess, user: str):
     first = _login(auth, user).json()["refresh_token"]
     second = _refreshed(auth, first)
+    graces = _metric(auth, "auth_refresh_total", "outcome", "grace")
     answers: list[int] = []
 
     def refused_once_the_grace_is_over() -> bool:
@@ -198,6 +199,7 @@ def test_a_spent_token_after_its_grace_revokes_the_family(auth: AuthProcess, use
         return _invalid(reply)
 
     asyncio.run(wait_until(refused_once_the_grace_is_over, 20, lambda: answers))
+    assert _metric(auth, "auth_refresh_total", "outcome", "grace") == graces + answers.count(200)
     assert _invalid(_refresh(auth, second))
     assert _live_tokens(auth, user) == 0
 
@@ -220,8 +222,10 @@ def test_logout_revokes_the_family_and_any_token_answers_204(auth: AuthProcess, 
     first = _login(auth, user).json()["refresh_token"]
     live = _refreshed(auth, first)
     kept = _login(auth, user).json()["refresh_token"]
+    logouts = _metric(auth, "auth_sessions_revoked_total", "reason", "logout")
     reply = raw_request(auth, "POST", "/logout", {"refresh_token": first})
     assert reply.status == 204 and reply.body == b""
+    assert _metric(auth, "auth_sessions_revoked_total", "reason", "logout") == logouts + 1
     assert _invalid(_refresh(auth, live))
     assert _refresh(auth, kept).status == 200
     for unknown in ({"refresh_token": live}, {"refresh_token": "no"}, {}):
@@ -259,6 +263,8 @@ def test_revoke_sessions_ends_every_session_of_one_user(auth: AuthProcess, user:
     assert _refresh(auth, others).status == 200
     again = auth.run("revoke-sessions", user)
     assert again.returncode == 0 and "revoked 0 sessions" in again.stdout
+    nobody = auth.run("revoke-sessions")
+    assert nobody.returncode == 2 and "USERNAME" in nobody.stderr
 
 
 # ---- cookie mode and CORS -------------------------------------------------------------------
