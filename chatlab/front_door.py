@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: the auth service's paths the page and clients call through the front door
-AUTH_PATHS = ("/register", "/login", "/.well-known/jwks.json")
+AUTH_PATHS = ("/register", "/login", "/refresh", "/logout", "/.well-known/jwks.json")
 #: the services' internal answers, never through the front door (``/stats`` names hosts
 #: and pids; ``/metrics`` is for Prometheus on the private network)
 HIDDEN_PATHS = ("/stats", "/metrics")

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 #: the page's files: URL path -> (file in ``static/``, content type)
 PAGE_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
+    "/session.js": ("session.js", "text/javascript; charset=utf-8"),
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/style.css": ("style.css", "text/css; charset=utf-8"),
     "/favicon.svg": ("favicon.svg", "image/svg+xml"),

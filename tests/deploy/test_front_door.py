@@ -26,13 +26,13 @@ import pytest
 from websockets.asyncio.client import connect
 
 from chat_server.codecs import get_codec
-from chat_server.messages import Ack, Message, Presence, Welcome
+from chat_server.messages import Welcome
 from chat_server.settings import SPECS as CHAT_SPECS
 from chatlab.front_door import HIDDEN_PATHS, FrontDoor, main, render
 from chatlab.haproxy import HAPROXY, HAProxyProcess
 from chatlab.harness import AuthProcess, KeyPair, RedisProcess, ServerProcess
 from chatlab.postgres import PostgresProcess
-from tests.support import CHROMIUM, NO_LIMITS, ROOT, Client, wait_until
+from tests.support import CHROMIUM, NO_LIMITS, ROOT, Client, say_acked, wait_until
 from tests.support.auth import TEST_SETTINGS, logins_answered
 from tests.support.browser import CHROMEDRIVER, browsers
 from tests.support.tls import ThrowawayCA, trusted_by_chromium
@@ -228,21 +228,16 @@ def test_the_page_over_https_chats_and_catches_up_after_its_chat_process_is_kill
     monkeypatch.setenv("SE_OFFLINE", "true")  # selenium may never fetch a browser
     room = f"door{uuid.uuid4().hex[:6]}"
     alice = _token(door, f"alice{room}")
-
-    async def say(bodies: list[str]) -> None:
-        """Alice says each of ``bodies`` through the front door, each acked."""
-        client = await Client.connect(door.proxy, alice, serializer="orjson")
-        await client.expect(Welcome)
-        await client.join(room)
-        for body in bodies:
-            await client.say(room, body, ref=body)
-            await client.expect(Ack, skip=(Message, Presence))
-        await client.close()
-
-    asyncio.run(say(["before the page"]))
+    # through the front door (orjson, the chat server's default)
+    asyncio.run(say_acked(door.proxy, alice, room, ["before the page"]))
     with browsers(tmp_path, "page", flags=(trusted_by_chromium(ca.cert_file),)) as (page,):
         page.open(door.proxy.http_url("/"))
         page.sign_in(f"pat{room}", register=True)
+        # the auth service on the page's own https origin: the refresh token is a cookie,
+        # and /refresh reaches an auth replica through the door
+        cookies = [c for c in page.cookies() if c["name"] == "chatlab_refresh"]
+        assert sorted(c["path"] for c in cookies) == ["/logout", "/refresh"]
+        assert page.js("return session.renew().then((renewed) => renewed.ok)") is True
         page.join(room)
         page.wait(lambda: len(page.messages(room)) == 1, "history")
         assert page.messages(room)[0]["origin"] == "history"
@@ -260,7 +255,7 @@ def test_the_page_over_https_chats_and_catches_up_after_its_chat_process_is_kill
         held.kill()
         page.wait(lambda: page.field("connection").text != "online", "connection lost")
         missed = [f"while away {n}" for n in range(5)]
-        asyncio.run(say(missed))  # through the front door, to the process left
+        asyncio.run(say_acked(door.proxy, alice, room, missed))  # to the process left
         page.wait(lambda: page.field("connection").text == "online", "reconnected")
         page.wait(lambda: len(page.messages(room)) == 7, "caught up")
         shown = page.messages(room)

@@ -63,6 +63,7 @@ __all__ = [
     "raw_frame",
     "raw_upgrade",
     "running_relay",
+    "say_acked",
     "served",
     "settled",
     "stored_history",
@@ -266,6 +267,21 @@ async def opens_chat(server: ServerProcess, token: str) -> bool:
     await client.expect(Welcome)
     await client.close()
     return True
+
+
+async def say_acked(
+    server: ServerProcess | HAProxyProcess, token: str, room: str, bodies: list[str]
+) -> None:
+    """The user of ``token`` joins ``room`` and says each of ``bodies``, each acked."""
+    from chat_server.messages import Message, Presence, Welcome
+
+    client = await Client.connect(server, token)
+    await client.expect(Welcome)
+    await client.join(room)
+    for body in bodies:
+        await client.say(room, body, ref=body)
+        await client.expect(Ack, skip=(Message, Presence))
+    await client.close()
 
 
 async def stored_history(server: ServerProcess, token: str, room: str) -> list[Any]:

@@ -9,9 +9,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from chatlab.harness import FAST_ARGON2, AuthProcess
 
-__all__ = ["TEST_SETTINGS", "RawReply", "at_once", "logins_answered", "raw_request"]
+__all__ = ["TEST_SETTINGS", "RawReply", "at_once", "counted", "logins_answered", "raw_request"]
 
 T = TypeVar("T")
 
@@ -32,6 +34,19 @@ def logins_answered(replica: AuthProcess, status: int = 200) -> float:
         rf'auth_requests_total\{{[^}}]*route="/login"[^}}]*status="{status}"[^}}]*\}} (\S+)', text
     )
     return float(found.group(1)) if found else 0.0
+
+
+def counted(replica: AuthProcess, counter: str, **labels: str) -> float:
+    """The sum of ``replica``'s Prometheus counter ``counter`` (its name without
+    ``_total``) over the samples carrying ``labels``; 0 when there is none yet."""
+    text = replica.get("/metrics").body.decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == counter
+        for sample in family.samples
+        if sample.name == f"{counter}_total" and labels.items() <= sample.labels.items()
+    )
 
 
 class RawReply:

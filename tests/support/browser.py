@@ -34,6 +34,14 @@ return [...document.querySelectorAll('ol.messages')]
   }));
 """
 
+#: every key and value the page's origin keeps in sessionStorage and localStorage
+_STORAGE_JS = """
+const kept = {};
+for (const [prefix, store] of [['session:', sessionStorage], ['local:', localStorage]])
+  for (let i = 0; i < store.length; i++) kept[prefix + store.key(i)] = store.getItem(store.key(i));
+return kept;
+"""
+
 
 class Browser:
     """One headless chromium session on the chat page, with what a person would do."""
@@ -112,6 +120,16 @@ class Browser:
                 "return [...document.querySelectorAll('#members li')].map(li => li.dataset.user)"
             )
         )
+
+    def cookies(self) -> list[dict[str, Any]]:
+        """Every cookie the browser holds, for any host and path, ``HttpOnly`` ones too
+        (from Chromium's DevTools protocol: what no page script can read)."""
+        return list(self.driver.execute_cdp_cmd("Network.getAllCookies", {})["cookies"])
+
+    def storage(self) -> dict[str, str]:
+        """Everything the page's origin keeps in ``sessionStorage`` and ``localStorage``,
+        by key (prefixed ``session:`` or ``local:``)."""
+        return dict(self.js(_STORAGE_JS))
 
     def websocket_extensions(self) -> list[tuple[str, str]]:
         """(offered, answered) ``Sec-WebSocket-Extensions`` of each websocket handshake

@@ -3,14 +3,15 @@
 // Rules this file keeps:
 // - every string that comes from a user or a server (names, bodies, rooms, error
 //   details) reaches the page through textContent, never as HTML;
-// - the token and each joined room's last seen seq live in sessionStorage, so a reload
-//   or a dropped connection joins again with `since` and gets what it missed (shown
-//   marked "replayed");
+// - each joined room's last seen seq lives in sessionStorage, so a reload or a dropped
+//   connection joins again with `since` and gets what it missed (shown marked
+//   "replayed"); session.js keeps the tokens and renews the access token, before it
+//   expires, before connecting when it is due and after a failed connect;
 // - nothing is loaded from anywhere but this server and the auth service (config.json
 //   says where its replicas are).
 "use strict";
 
-const KEYS = { token: "chatlab.token", user: "chatlab.user", rooms: "chatlab.rooms", current: "chatlab.current" };
+const KEYS = { rooms: "chatlab.rooms", current: "chatlab.current" };
 const HISTORY_PAGE = 20;
 const RECONNECT_DELAYS_MS = [500, 1000, 2000, 4000, 8000];
 
@@ -25,19 +26,20 @@ const ERROR_HINTS = {
   unavailable: "the server cannot take this now: try again",
   internal: "the server failed",
   invalid_credentials: "unknown user name or wrong password",
+  invalid_token: "the session ended: sign in again",
   username_taken: "that user name is taken",
   network: "the auth service cannot be reached",
 };
 
 const state = {
   config: null,
-  authIndex: null, // the auth replica (index in config.auth_urls) that answered last
   ws: null,
   user: null,
   welcomed: false,
   loggingOut: false,
   closing: false, // the page is going away: no reconnect
   attempts: 0,
+  connecting: false, // connect() is getting a token or opening the websocket
   reconnectTimer: null,
   refs: 0,
   current: null,
@@ -73,15 +75,6 @@ function saveRooms() {
   if (state.current) sessionStorage.setItem(KEYS.current, state.current);
 }
 
-function tokenExpired(token) {
-  try {
-    const payload = JSON.parse(atob(token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
-    return typeof payload.exp === "number" && payload.exp * 1000 <= Date.now();
-  } catch (_) {
-    return true;
-  }
-}
-
 // ---- the event log --------------------------------------------------------------------
 
 function logEvent(text) {
@@ -108,69 +101,39 @@ function setConnection(label, kind) {
   badge.dataset.state = kind;
 }
 
-// ---- auth service -----------------------------------------------------------------------
-
-// config.auth_urls lists the auth service's replicas: a request goes to the one that
-// answered last (a random one at first, so pages spread over them) and, when that one
-// cannot be reached or answers 503, to the next, each replica once
-async function authPost(path, username, password) {
-  const urls = state.config.auth_urls;
-  if (state.authIndex === null) state.authIndex = Math.floor(Math.random() * urls.length);
-  let result = null;
-  for (let tried = 0; tried < urls.length; tried++) {
-    const index = (state.authIndex + tried) % urls.length;
-    result = await authPostTo(urls[index], path, username, password);
-    if (result.code === "network" || result.status === 503) continue;
-    state.authIndex = index;
-    return result;
-  }
-  return result;
-}
-
-async function authPostTo(url, path, username, password) {
-  let response;
-  try {
-    response = await fetch(url + path, {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ username, password }),
-    });
-  } catch (exc) {
-    return { ok: false, code: "network", detail: `${url}: ${exc}` };
-  }
-  let body = {};
-  try {
-    body = await response.json();
-  } catch (_) {
-    body = {};
-  }
-  if (response.ok) return { ok: true, body, status: response.status };
-  const retry = response.headers.get("Retry-After");
-  const detail = (body.detail || `HTTP ${response.status}`) + (retry ? `; retry after ${retry} s` : "");
-  return { ok: false, code: body.error || `http_${response.status}`, detail, status: response.status };
-}
+// ---- auth service (session.js speaks to it) ---------------------------------------------
 
 async function signIn(register) {
   const username = $("username").value.trim();
   const password = $("password").value;
   if (register) {
-    const made = await authPost("/register", username, password);
+    const made = await session.register(username, password);
     if (!made.ok) return logError(made.code, made.detail, `register ${username}`);
     logEvent(`registered ${username}`);
   }
-  const login = await authPost("/login", username, password);
+  const login = await session.logIn(username, password);
   if (!login.ok) return logError(login.code, login.detail, `log in ${username}`);
   $("password").value = "";
-  sessionStorage.setItem(KEYS.token, login.body.access_token);
-  sessionStorage.setItem(KEYS.user, username);
   showChat();
   connect();
+}
+
+// "Sign out": the auth service ends the session (its refresh token), then the page forgets it
+async function signOut() {
+  state.loggingOut = true;
+  clearTimeout(state.reconnectTimer);
+  $("logout").disabled = true;
+  const result = await session.signOut();
+  $("logout").disabled = false;
+  if (!result.ok) logError(result.code, result.detail, "sign out");
+  logOut("signed out");
 }
 
 function logOut(reason) {
   state.loggingOut = true;
   clearTimeout(state.reconnectTimer);
   if (state.ws) state.ws.close(1000, "log out");
+  session.forget();
   for (const key of Object.values(KEYS)) sessionStorage.removeItem(key);
   state.rooms.clear();
   state.current = null;
@@ -194,15 +157,35 @@ function showChat() {
 
 // ---- the websocket -----------------------------------------------------------------------
 
-function connect() {
-  const token = sessionStorage.getItem(KEYS.token);
-  if (!token) return;
-  if (tokenExpired(token)) return logOut("your session expired: log in again");
+// opens the websocket with a token that is not due for renewal (renewing it first, and
+// signing out only when the auth service refuses the refresh token)
+async function connect() {
+  state.reconnectTimer = null;
+  if (state.ws || state.connecting || !session.resumable()) return;
+  state.connecting = true;
+  try {
+    await openSocket();
+  } finally {
+    state.connecting = false;
+  }
+}
+
+async function openSocket() {
   state.loggingOut = false;
+  setConnection(state.attempts ? "reconnecting" : "connecting", "reconnecting");
+  if (session.due()) {
+    const renewed = await session.renew(); // refused: session.onEnded signed the page out
+    if (renewed.ended || state.loggingOut || !session.resumable()) return;
+    if (!renewed.ok) {
+      logError(renewed.code, renewed.detail, "refresh");
+      if (session.expired()) return reconnectLater("no fresh token");
+    }
+  }
+  if (state.closing) return;
+  const token = session.token();
   state.welcomed = false;
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const url = `${scheme}//${location.host}/ws?token=${encodeURIComponent(token)}`;
-  setConnection(state.attempts ? "reconnecting" : "connecting", "reconnecting");
   const ws = new WebSocket(url, state.config.subprotocol);
   state.ws = ws;
   ws.onmessage = (event) => {
@@ -218,14 +201,20 @@ function connect() {
     if (state.ws !== ws) return;
     state.ws = null;
     setSending(false);
+    // refused, or a handshake answered 401: a browser cannot tell them apart
+    if (!state.welcomed) session.connectFailed(token);
     if (state.loggingOut || state.closing) return;
-    const delay = RECONNECT_DELAYS_MS[Math.min(state.attempts, RECONNECT_DELAYS_MS.length - 1)];
-    state.attempts += 1;
-    setConnection("reconnecting", "reconnecting");
-    const why = event.code === 1006 ? "connection lost" : `closed ${event.code} ${event.reason || ""}`.trim();
-    logEvent(`${why}; reconnecting in ${delay / 1000} s`);
-    state.reconnectTimer = setTimeout(connect, delay);
+    reconnectLater(event.code === 1006 ? "connection lost" : `closed ${event.code} ${event.reason || ""}`.trim());
   };
+}
+
+function reconnectLater(why) {
+  const delay = RECONNECT_DELAYS_MS[Math.min(state.attempts, RECONNECT_DELAYS_MS.length - 1)];
+  state.attempts += 1;
+  setConnection("reconnecting", "reconnecting");
+  logEvent(`${why}; reconnecting in ${delay / 1000} s`);
+  clearTimeout(state.reconnectTimer);
+  state.reconnectTimer = setTimeout(connect, delay);
 }
 
 function sendFrame(frame) {
@@ -261,6 +250,7 @@ function handle(message) {
 function onWelcome(message) {
   state.user = message.user;
   state.welcomed = true;
+  session.connected();
   const again = state.attempts > 0;
   state.attempts = 0;
   $("whoami").textContent = `signed in as ${message.user}`;
@@ -474,7 +464,7 @@ async function start() {
   $("register").addEventListener("click", () => {
     if ($("login-form").reportValidity()) signIn(true);
   });
-  $("logout").addEventListener("click", () => logOut("logged out"));
+  $("logout").addEventListener("click", signOut);
   $("join-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const name = $("room-name").value.trim();
@@ -515,8 +505,8 @@ async function start() {
   if (state.config.subprotocol !== "chatlab.json") {
     return logError("unsupported", `this server speaks ${state.config.subprotocol}; the page speaks chatlab.json`);
   }
-  const token = sessionStorage.getItem(KEYS.token);
-  if (!token) return;
+  session.configure(state.config.auth_urls, () => logOut("your session ended: sign in again"));
+  if (!session.resumable()) return;
   // a reload: the same rooms, joined again from the last seq seen in each
   const rooms = savedRooms();
   for (const [name, lastSeq] of Object.entries(rooms)) {

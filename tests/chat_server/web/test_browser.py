@@ -84,12 +84,6 @@ def chat_and_auth(
         auth.kill()
 
 
-@pytest.fixture(autouse=True)
-def _selenium_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Selenium's driver manager may never fetch a browser or a driver."""
-    monkeypatch.setenv("SE_OFFLINE", "true")
-
-
 @pytest.mark.parametrize("ws_deflate", ["shared"])
 def test_two_browsers_talk_in_order_see_presence_and_replay_after_a_reload(
     chat_and_auth: ServerProcess, tmp_path: Path
