@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,12 +27,9 @@ TEST_SETTINGS = {
 
 
 def logins_answered(replica: AuthProcess, status: int = 200) -> float:
-    """How many logins ``replica`` answered with ``status`` (its Prometheus counter)."""
-    text = replica.get("/metrics").body.decode()
-    found = re.search(
-        rf'auth_requests_total\{{[^}}]*route="/login"[^}}]*status="{status}"[^}}]*\}} (\S+)', text
-    )
-    return float(found.group(1)) if found else 0.0
+    """How many ``POST /login`` ``replica`` answered with ``status`` (its Prometheus
+    counter; a browser's CORS preflight, ``OPTIONS /login``, is not a login)."""
+    return counted(replica, "auth_requests", route="/login", method="POST", status=str(status))
 
 
 def counted(replica: AuthProcess, counter: str, **labels: str) -> float:
