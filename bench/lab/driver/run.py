@@ -428,8 +428,8 @@ class Driver:
         self, rate: float, recorder: StepRecorder, drain_s: float, *, recorded: bool
     ) -> None:
         # the window's counters first, then the clock starts: reading them takes tens of
-        # ms (every process' counters), which inside the step delayed its first sends and
-        # bunched them into fewer, cheaper loop turns of the server
+        # ms (every process' counters), which inside the step held back its first sends
+        # (every cost step's worst send lag was ~20 ms) and bunched them
         window_before = self._window_counters()
         start_ns = perf_counter_ns()
         if recorded:
