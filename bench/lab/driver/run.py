@@ -427,6 +427,10 @@ class Driver:
     async def _run_step(
         self, rate: float, recorder: StepRecorder, drain_s: float, *, recorded: bool
     ) -> None:
+        # the window's counters first, then the clock starts: reading them takes tens of
+        # ms (every process' counters), which inside the step held back its first sends
+        # (every cost step's worst send lag was ~20 ms) and bunched them
+        window_before = self._window_counters()
         start_ns = perf_counter_ns()
         if recorded:
             self.window_start_ns = start_ns
@@ -436,7 +440,6 @@ class Driver:
         end_ns = recorder.end_ns = start_ns + int(recorder.duration_s * 1e9)
         stop_ns = end_ns + int(drain_s * 1e9)
         self.current = recorder
-        window_before = self._window_counters()
         cpu_before = self.process.cpu_times()
         cores = self.config.cores
         cores_before = cores_busy_s(cores) if cores else None
