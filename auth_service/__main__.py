@@ -1,8 +1,8 @@
 """``python -m auth_service``: build Settings, then serve until SIGTERM/SIGINT; or rotate-key,
-migrate-users, or wait for a service started in the background.
+migrate-users, revoke-sessions, or wait for a service started in the background.
 
-Exit status: 0 after a graceful stop, a rotation, a migration or a wait that saw the
-service answer, 2 for a bad setting (one line naming the variable, the value and what
+Exit status: 0 after a graceful stop, a rotation, a migration, a revocation or a wait
+that saw the service answer, 2 for a bad setting (one line naming the variable, the value and what
 is allowed: also a private key whose mode is looser than 0600, or an ``AUTH_DB_URL``
 that cannot be reached at start), 1 for any other failure at start (such as a port in
 use) or a wait that timed out.
@@ -28,7 +28,7 @@ from typing import Any
 import uvicorn
 
 from auth_service.app import build_api, create_app, server_config
-from auth_service.backend import open_backend, open_database
+from auth_service.backend import open_backend, open_database, sessions_only
 from auth_service.connections import ConnectionGuard
 from auth_service.errors import Unavailable
 from auth_service.keys_postgres import rotate_keyring
@@ -88,15 +88,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "command",
         nargs="?",
-        choices=("serve", "rotate-key", "migrate-users", "wait"),
+        choices=("serve", "rotate-key", "migrate-users", "revoke-sessions", "wait"),
         default="serve",
         help="serve (default); rotate-key: make a new signing key, keep serving the old "
         "public key in the JWK set until its tokens have expired (with AUTH_DB_URL the new "
         "key signs AUTH_KEY_ACTIVATION_S later, on every replica); migrate-users: copy the "
         "users of the SQLite file AUTH_DB into the PostgreSQL of AUTH_DB_URL (names already "
-        "there are kept; running it again copies nothing twice); wait: until the service "
+        "there are kept; running it again copies nothing twice); revoke-sessions USERNAME: "
+        "end every session (refresh token family) of that user, in any case, and print how "
+        "many (access tokens already issued live on until they expire); wait: until the service "
         f"these settings describe answers GET /healthz (at most {WAIT_S} s; by then its "
         "keys are written, so a chat server started next finds JWT_PUBLIC_KEY)",
+    )
+    parser.add_argument(
+        "username", nargs="?", help="with revoke-sessions: the user whose sessions end"
     )
     parser.add_argument(
         "--revoke",
@@ -140,11 +145,12 @@ async def serve(settings: Settings) -> int:
     except SettingError as exc:
         print(f"auth_service: {exc}", file=sys.stderr)
         return 2
+    backend.start_pruning()
     params = Argon2Params.from_settings(settings)
     passwords = PasswordPool(params, settings.hash_pool_size, settings.hash_queue_max)
     try:
         await passwords.start()
-        api = build_api(settings, passwords, backend.users, backend.keys)
+        api = build_api(settings, passwords, backend.users, backend.sessions, backend.keys)
         guard = ConnectionGuard(
             settings.header_timeout_s,
             settings.body_timeout_s,
@@ -295,6 +301,32 @@ async def _migrate_users(settings: Settings) -> int:
     return 0
 
 
+def revoke_sessions(settings: Settings, username: str | None) -> int:
+    """``revoke-sessions USERNAME``: revoke every live family of the user; print how many."""
+    if not username:
+        print("auth_service: revoke-sessions needs a USERNAME", file=sys.stderr)
+        return 2
+    try:
+        revoked = asyncio.run(_revoke_sessions(settings, username))
+    except SettingError as exc:
+        print(f"auth_service: {exc}", file=sys.stderr)
+        return 2
+    except Unavailable as exc:
+        print(f"auth_service: revoke-sessions: {exc.detail}; nothing changed", file=sys.stderr)
+        return 1
+    print(
+        f"revoked {revoked} sessions of {username!r} in {settings.database()}: their refresh "
+        "tokens are refused from now on; access tokens already issued stay valid until they "
+        f"expire (at most TOKEN_TTL_S={settings.token_ttl_s} s)"
+    )
+    return 0
+
+
+async def _revoke_sessions(settings: Settings, username: str) -> int:
+    async with sessions_only(settings) as sessions:
+        return await sessions.revoke_user(username, time.time())
+
+
 def tls_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's options for HTTPS with ``TLS_CERT_FILE``/``TLS_KEY_FILE`` (none without):
     its own context from the pair, TLS 1.2 the oldest version spoken."""
@@ -371,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         return rotate(settings, revoke=args.revoke)
     if args.command == "migrate-users":
         return migrate_users(settings)
+    if args.command == "revoke-sessions":
+        return revoke_sessions(settings, args.username)
     if args.command == "wait":
         return wait(settings)
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:

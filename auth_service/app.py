@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from auth_service.connections import ConnectionGuard
@@ -39,6 +39,15 @@ from auth_service.errors import AuthCode, AuthError, Unavailable
 from auth_service.metrics import AuthMetrics, MeasuredPasswords, RequestMetrics
 from auth_service.passwords import InlinePasswords, PasswordPool
 from auth_service.ratelimit import KnownAddresses, TokenBuckets
+from auth_service.sessions import (
+    REFRESH_COOKIE,
+    Outcome,
+    Refreshed,
+    RevokeReason,
+    Session,
+    Sessions,
+    well_formed,
+)
 from auth_service.settings import Settings
 from auth_service.tokens import KeySource, TokenIssuer
 from auth_service.users import Users, username_key
@@ -53,7 +62,19 @@ PASSWORD_MIN_CHARS: Final = 8
 PASSWORD_MAX_CHARS: Final = 256
 _INVALID_CREDENTIALS: Final = "unknown username or wrong password"
 #: the API's paths (and the ``route`` label values of its metrics)
-ROUTES: Final = ("/register", "/login", "/.well-known/jwks.json", "/healthz", "/metrics")
+ROUTES: Final = (
+    "/register",
+    "/login",
+    "/refresh",
+    "/logout",
+    "/.well-known/jwks.json",
+    "/healthz",
+    "/metrics",
+)
+#: the routes a refresh token is presented to: its cookie is scoped to each (a cookie
+#: has one path), so the browser sends it to nothing else
+COOKIE_PATHS: Final = ("/refresh", "/logout")
+_INVALID_TOKEN: Final = "the refresh token is unknown, expired, revoked or reused: log in"
 
 
 #: addresses remembered per username as ones it logged in from (see Limits)
@@ -80,6 +101,8 @@ class Limits:
     registrations_per_client: TokenBuckets
     failed_logins_per_user_client: TokenBuckets
     known_addresses: KnownAddresses
+    #: refreshes and logouts per client address (REFRESH_RATE_PER_CLIENT_PER_MIN)
+    refreshes_per_client: TokenBuckets
     #: TRUSTED_PROXIES: whose X-Forwarded-For names the client (chatlab.forwarded)
     trusted_proxies: TrustedProxies = ()
 
@@ -105,6 +128,11 @@ class Limits:
                 keys_max,
             ),
             KnownAddresses(KNOWN_ADDRESSES_PER_USER, KNOWN_ADDRESS_S, keys_max),
+            TokenBuckets(
+                settings.refresh_rate_per_client_per_min,
+                settings.refresh_burst_per_client,
+                keys_max,
+            ),
             settings.trusted_proxies,
         )
 
@@ -135,25 +163,28 @@ def check_password(password: str) -> None:
 
 
 class AuthAPI:
-    """The endpoints, bound to the service's pool, user store, token issuer and limits."""
+    """The endpoints, bound to the service's pool, user and session stores, token issuer
+    and limits."""
 
     def __init__(
         self,
         passwords: PasswordPool | InlinePasswords,
         users: Users,
+        sessions: Sessions,
         tokens: TokenIssuer,
         limits: Limits,
     ) -> None:
         self.metrics = AuthMetrics(ROUTES)
         self.passwords = MeasuredPasswords(passwords, self.metrics)
         self.users = users
+        self.sessions = sessions
         self.tokens = tokens
         self.limits = limits
 
     async def register(self, request: Request) -> JSONResponse:
         """``POST /register``: 201 ``{"username"}`` once the user is committed."""
         _draw(self.limits.registrations_per_client, self.limits.client(request), "registrations")
-        username, password = await _credentials(request)
+        username, password = _credentials(await _json_object(request, '{"username", "password"}'))
         check_username(username)
         check_password(password)
         if await self.users.get(username) is not None:
@@ -163,10 +194,13 @@ class AuthAPI:
         return JSONResponse({"username": username}, status_code=201)
 
     async def login(self, request: Request) -> JSONResponse:
-        """``POST /login``: 200 with a Bearer token, or 401 with one body for every failure."""
+        """``POST /login``: 200 with a Bearer token and a refresh token (in the body, or with
+        ``"cookie": true`` in cookies), or 401 with one body for every failure."""
         client = self.limits.client(request)
         _draw(self.limits.logins_per_client, client, "logins")
-        username, password = await _credentials(request)
+        document = await _json_object(request, '{"username", "password"}')
+        username, password = _credentials(document)
+        cookie = document.get("cookie", False) is True
         try:
             check_username(username)
             check_password(password)
@@ -190,13 +224,90 @@ class AuthAPI:
         self.limits.known_addresses.remember(key, client, now)
         if verdict.needs_rehash:
             await self._rehash(user.username, password)
-        return JSONResponse(
-            {
-                "access_token": self.tokens.issue(user.username),
-                "token_type": "Bearer",
-                "expires_in": self.tokens.ttl_s,
-            }
-        )
+        session, revoked = await self.sessions.open_family(user.username, time.time())
+        if revoked:
+            self.metrics.sessions_revoked.labels(RevokeReason.LIMIT).inc(len(revoked))
+            log.info(
+                "login of %r revoked its %d oldest sessions (REFRESH_FAMILIES_PER_USER): %s",
+                user.username,
+                len(revoked),
+                " ".join(revoked),
+            )
+        log.debug("login of %r opened session %s", user.username, session.family_id)
+        return self._tokens(session, cookie)
+
+    async def refresh(self, request: Request) -> JSONResponse:
+        """``POST /refresh``: the token presented (body, or the cookie) is spent; 200 with a
+        new access token and the next refresh token, or 401 ``invalid_token``."""
+        _draw(self.limits.refreshes_per_client, self.limits.client(request), "refreshes")
+        token, cookie = await _presented_token(request)
+        try:
+            refreshed = await self._refresh(token)
+        except AuthError as exc:
+            if not cookie or exc.code is not AuthCode.INVALID_TOKEN:
+                raise
+            failed = _error(exc.status, exc.code, exc.detail, exc.headers())
+            _clear_cookies(failed)
+            return failed
+        assert refreshed.session is not None
+        return self._tokens(refreshed.session, cookie)
+
+    async def _refresh(self, token: str | None) -> Refreshed:
+        if token is None or not well_formed(token):
+            self.metrics.refreshes.labels(Outcome.INVALID).inc()
+            raise AuthError(AuthCode.INVALID_TOKEN, _INVALID_TOKEN)
+        refreshed = await self.sessions.refresh(token, time.time())
+        self.metrics.refreshes.labels(refreshed.outcome).inc()
+        if refreshed.outcome is Outcome.REUSED:
+            self.metrics.sessions_revoked.labels(RevokeReason.REUSE).inc()
+            log.warning(
+                "session %s revoked: a spent refresh token was presented again (reuse)",
+                refreshed.family_id,
+            )
+        elif refreshed.session is not None:
+            log.debug("session %s refreshed (%s)", refreshed.family_id, refreshed.outcome)
+        if refreshed.session is None:
+            raise AuthError(AuthCode.INVALID_TOKEN, _INVALID_TOKEN)
+        return refreshed
+
+    async def logout(self, request: Request) -> Response:
+        """``POST /logout``: 204, the token's family revoked (if it had a live one) and the
+        cookies cleared; an unknown token is answered the same."""
+        _draw(self.limits.refreshes_per_client, self.limits.client(request), "logouts")
+        token, _ = await _presented_token(request)
+        if token is not None and well_formed(token):
+            family_id = await self.sessions.revoke_family_of(token, time.time())
+            if family_id is not None:
+                self.metrics.sessions_revoked.labels(RevokeReason.LOGOUT).inc()
+                log.info("session %s ended by logout", family_id)
+        answer = Response(status_code=204)
+        _clear_cookies(answer)
+        return answer
+
+    def _tokens(self, session: Session, cookie: bool) -> JSONResponse:
+        """The answer of a login or refresh: the refresh token in the body, or in cookies."""
+        body: dict[str, Any] = {
+            "access_token": self.tokens.issue(session.username),
+            "token_type": "Bearer",
+            "expires_in": self.tokens.ttl_s,
+            "refresh_token": session.refresh_token,
+            "refresh_expires_in": session.expires_in_s,
+        }
+        if not cookie:
+            return JSONResponse(body)
+        del body["refresh_token"]
+        answer = JSONResponse(body)
+        for path in COOKIE_PATHS:
+            answer.set_cookie(
+                REFRESH_COOKIE,
+                session.refresh_token,
+                max_age=session.expires_in_s,
+                path=path,
+                secure=True,
+                httponly=True,
+                samesite="strict",
+            )
+        return answer
 
     def _take_failed_login(self, key: str, client: str) -> list[tuple[TokenBuckets, str]]:
         """Take a failed login's tokens up front (see :class:`Limits`), or raise 429; the
@@ -251,16 +362,18 @@ def build_api(
     settings: Settings,
     passwords: PasswordPool | InlinePasswords,
     users: Users,
+    sessions: Sessions,
     keys: KeySource,
 ) -> AuthAPI:
-    """The API over ``users`` and ``keys``, with the settings' token claims and limits."""
+    """The API over ``users``, ``sessions`` and ``keys``, with the settings' token claims
+    and limits."""
     tokens = TokenIssuer(
         keys,
         issuer=settings.jwt_issuer,
         audience=settings.jwt_audience,
         ttl_s=settings.token_ttl_s,
     )
-    return AuthAPI(passwords, users, tokens, Limits.from_settings(settings))
+    return AuthAPI(passwords, users, sessions, tokens, Limits.from_settings(settings))
 
 
 def create_app(api: AuthAPI, cors_origins: tuple[str, ...] = ()) -> Starlette:
@@ -273,6 +386,8 @@ def create_app(api: AuthAPI, cors_origins: tuple[str, ...] = ()) -> Starlette:
     routes = [
         Route("/register", api.register, methods=["POST"]),
         Route("/login", api.login, methods=["POST"]),
+        Route("/refresh", api.refresh, methods=["POST"]),
+        Route("/logout", api.logout, methods=["POST"]),
         Route("/.well-known/jwks.json", api.jwks, methods=["GET"]),
         Route("/healthz", api.healthz, methods=["GET"]),
         Route("/metrics", api.metrics.endpoint, methods=["GET"]),
@@ -290,6 +405,8 @@ def create_app(api: AuthAPI, cors_origins: tuple[str, ...] = ()) -> Starlette:
                 allow_origins=list(cors_origins),
                 allow_methods=["GET", "POST"],
                 allow_headers=["Content-Type"],
+                # the page sends and receives the refresh cookie (credentials: "include")
+                allow_credentials=True,
                 # the page reads Retry-After from a 429 or 503
                 expose_headers=["Retry-After"],
                 max_age=600,
@@ -307,21 +424,47 @@ def _draw(buckets: TokenBuckets, key: str, what: str) -> None:
         raise AuthError(AuthCode.RATE_LIMITED, f"too many {what}; retry later", wait_s)
 
 
-async def _credentials(request: Request) -> tuple[str, str]:
-    """The body's ``username`` and ``password`` strings, or ``bad_request`` / ``too_large``."""
+async def _json_object(request: Request, shape: str, empty_ok: bool = False) -> dict[str, Any]:
+    """The body as a JSON object, or ``bad_request`` / ``too_large``; an empty body is
+    ``{}`` when ``empty_ok``."""
     body = await _read_body(request)
+    if empty_ok and not body.strip():
+        return {}
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise AuthError(AuthCode.BAD_REQUEST, "the body is not JSON (UTF-8)") from None
     if not isinstance(document, dict):
-        raise AuthError(
-            AuthCode.BAD_REQUEST, 'the body must be a JSON object {"username", "password"}'
-        )
+        raise AuthError(AuthCode.BAD_REQUEST, f"the body must be a JSON object {shape}")
+    return document
+
+
+def _credentials(document: dict[str, Any]) -> tuple[str, str]:
+    """The body's ``username`` and ``password`` strings, or ``bad_request``."""
     username, password = document.get("username"), document.get("password")
     if not isinstance(username, str) or not isinstance(password, str):
         raise AuthError(AuthCode.BAD_REQUEST, '"username" and "password" must both be strings')
     return username, password
+
+
+async def _presented_token(request: Request) -> tuple[str | None, bool]:
+    """The refresh token of a ``/refresh`` or ``/logout`` request and whether it came by
+    cookie: the body's ``refresh_token``, else (an empty body or ``{}``) the cookie."""
+    document = await _json_object(request, '{"refresh_token"} or {}', empty_ok=True)
+    if "refresh_token" in document:
+        token = document["refresh_token"]
+        if not isinstance(token, str):
+            raise AuthError(AuthCode.BAD_REQUEST, '"refresh_token" must be a string')
+        return token, False
+    return request.cookies.get(REFRESH_COOKIE), True
+
+
+def _clear_cookies(answer: Response) -> None:
+    """Make the browser forget the refresh cookie on both its paths (``Max-Age=0``)."""
+    for path in COOKIE_PATHS:
+        answer.delete_cookie(
+            REFRESH_COOKIE, path=path, secure=True, httponly=True, samesite="strict"
+        )
 
 
 async def _read_body(request: Request) -> bytes:

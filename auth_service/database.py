@@ -66,6 +66,29 @@ SCHEMA: Final = (
         created_at BIGINT NOT NULL,
         active_at BIGINT NOT NULL
     )""",
+    # sessions: refresh token families and their tokens, stored as SHA-256 only, and the
+    # secret every replica derives successors with (auth_service.sessions)
+    """CREATE TABLE IF NOT EXISTS refresh_families (
+        family_id TEXT PRIMARY KEY,
+        username_key TEXT NOT NULL,
+        username TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        revoked_at DOUBLE PRECISION,
+        revoked_reason TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS refresh_families_user ON refresh_families (username_key)",
+    """CREATE TABLE IF NOT EXISTS refresh_tokens (
+        token_hash BYTEA PRIMARY KEY,
+        family_id TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        spent_at DOUBLE PRECISION
+    )""",
+    "CREATE INDEX IF NOT EXISTS refresh_tokens_family ON refresh_tokens (family_id)",
+    """CREATE TABLE IF NOT EXISTS refresh_secret (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        secret BYTEA NOT NULL
+    )""",
 )
 
 

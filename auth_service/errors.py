@@ -19,6 +19,7 @@ class AuthCode(enum.StrEnum):
 
     BAD_REQUEST = "bad_request"
     INVALID_CREDENTIALS = "invalid_credentials"
+    INVALID_TOKEN = "invalid_token"
     USERNAME_TAKEN = "username_taken"
     TOO_LARGE = "too_large"
     REQUEST_TIMEOUT = "request_timeout"
@@ -31,6 +32,7 @@ class AuthCode(enum.StrEnum):
 STATUS: Final = {
     AuthCode.BAD_REQUEST: 400,
     AuthCode.INVALID_CREDENTIALS: 401,
+    AuthCode.INVALID_TOKEN: 401,
     AuthCode.USERNAME_TAKEN: 409,
     AuthCode.TOO_LARGE: 413,
     AuthCode.REQUEST_TIMEOUT: 408,

@@ -62,7 +62,9 @@ class InlineLogin:
         self._backend = await open_backend(auth, create_keys=False)
         passwords = InlinePasswords(Argon2Params.from_settings(auth))
         await passwords.start()
-        api = build_api(auth, passwords, self._backend.users, self._backend.keys)
+        api = build_api(
+            auth, passwords, self._backend.users, self._backend.sessions, self._backend.keys
+        )
         config = server_config(create_app(api), self.host, self.port)
         self._server = _EmbeddedServer(config)
         # REPORT: this server ends with the chat server; a failure is logged and counted

@@ -11,6 +11,11 @@ to histograms):
 - ``auth_hash_seconds{op}``: a hashing job's time (``op``: ``hash``, ``verify``) from
   its hand-off to the pool to its result, the wait in the queue included;
 - ``auth_hash_rejected_total``: jobs refused because the pool was saturated;
+- ``auth_refresh_total{outcome}``: refresh tokens presented to ``POST /refresh``, by
+  outcome (``rotated``, ``grace``, ``invalid``, ``reused``: :mod:`auth_service.sessions`);
+- ``auth_sessions_revoked_total{reason}``: session families revoked by this process, by
+  reason (``reuse``, ``logout``, ``limit``; ``admin`` is ``revoke-sessions``, a process of
+  its own, so it stays 0 here);
 - ``auth_task_failures_total{task}``: background tasks that ended by an exception
   (:mod:`chatlab.supervision`; the keyring refresh is restarted);
 - ``process_*``: prometheus_client's process collector (CPU, memory, open files).
@@ -41,6 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from auth_service.errors import Unavailable
 from auth_service.passwords import InlinePasswords, PasswordPool, Verdict
+from auth_service.sessions import Outcome, RevokeReason
 from chatlab.supervision import supervisor
 
 T = TypeVar("T")
@@ -92,6 +98,22 @@ class AuthMetrics:
         )
         for op in ("hash", "verify"):
             self.hash_seconds.labels(op)
+        self.refreshes = Counter(
+            "auth_refresh",
+            "refresh tokens presented, by outcome (rotated, grace, invalid, reused)",
+            ("outcome",),
+            registry=self.registry,
+        )
+        for outcome in Outcome:
+            self.refreshes.labels(str(outcome))
+        self.sessions_revoked = Counter(
+            "auth_sessions_revoked",
+            "session families revoked, by reason (reuse, logout, admin, limit)",
+            ("reason",),
+            registry=self.registry,
+        )
+        for reason in RevokeReason:
+            self.sessions_revoked.labels(str(reason))
         self.registry.register(_TaskFailures())  # type: ignore[arg-type]
         ProcessCollector(registry=self.registry)
 

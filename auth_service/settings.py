@@ -160,6 +160,44 @@ SPECS: tuple[Spec, ...] = (
     Spec("JWT_AUDIENCE", "jwt_audience", "chatlab-chat", text, "aud of every token"),
     Spec("TOKEN_TTL_S", "token_ttl_s", "900", integer(1, 604800), "token lifetime in seconds"),
     Spec(
+        "REFRESH_TTL_S",
+        "refresh_ttl_s",
+        "2592000",
+        integer(1, 31622400),
+        "a refresh token's life from its issue; each refresh issues the next with a fresh one "
+        "(a session used at least this often lasts)",
+    ),
+    Spec(
+        "REFRESH_GRACE_S",
+        "refresh_grace_s",
+        "10",
+        integer(0, 300),
+        "seconds a spent refresh token still answers its same successor (two tabs refreshing "
+        "at once); after it, presenting it again revokes the session (0: no grace)",
+    ),
+    Spec(
+        "REFRESH_RATE_PER_CLIENT_PER_MIN",
+        "refresh_rate_per_client_per_min",
+        "300",
+        _rate,
+        "refreshes and logouts per client address per minute (0: no limit)",
+    ),
+    Spec(
+        "REFRESH_BURST_PER_CLIENT",
+        "refresh_burst_per_client",
+        "100",
+        integer(1),
+        "refreshes and logouts one client address may make at once",
+    ),
+    Spec(
+        "REFRESH_FAMILIES_PER_USER",
+        "refresh_families_per_user",
+        "50",
+        integer(1, 100000),
+        "live sessions (refresh token families) per username; a login past it revokes the "
+        "user's oldest",
+    ),
+    Spec(
         "ARGON2_TIME_COST",
         "argon2_time_cost",
         str(_ARGON2_DEFAULTS.time_cost),
@@ -335,6 +373,11 @@ class Settings(SpecSettings):
     jwt_issuer: str
     jwt_audience: str
     token_ttl_s: int
+    refresh_ttl_s: int
+    refresh_grace_s: int
+    refresh_rate_per_client_per_min: float
+    refresh_burst_per_client: int
+    refresh_families_per_user: int
     argon2_time_cost: int
     argon2_memory_cost_kib: int
     argon2_parallelism: int

@@ -107,6 +107,16 @@ class UserStore:
         """Every user with its registration time (unix seconds), oldest first."""
         return await self._call(self._all)
 
+    async def run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``work(connection)`` on the store's thread (the same bounded queue as every call):
+        how the session store shares this file."""
+
+        def on_thread() -> _T:
+            assert self._db is not None
+            return work(self._db)
+
+        return await self._call(on_thread)
+
     async def close(self) -> None:
         """Close the database and stop the store's thread."""
         if self._db is not None:

@@ -594,7 +594,17 @@ def _slot_owners(cluster_slots: str) -> str:
 
 #: argon2 parameters that keep real hashes to milliseconds (tests); real use keeps the defaults
 FAST_ARGON2 = {"ARGON2_TIME_COST": "1", "ARGON2_MEMORY_COST_KIB": "8192", "ARGON2_PARALLELISM": "1"}
-_AUTH_PREFIXES = ("AUTH_", "JWT_", "ARGON2_", "HASH_", "LOGIN_", "REGISTER_", "TOKEN_", "TLS_")
+_AUTH_PREFIXES = (
+    "AUTH_",
+    "JWT_",
+    "ARGON2_",
+    "HASH_",
+    "LOGIN_",
+    "REGISTER_",
+    "TOKEN_",
+    "TLS_",
+    "REFRESH_",
+)
 
 
 class HttpReply:

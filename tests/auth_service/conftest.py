@@ -70,6 +70,13 @@ def store_env(request: pytest.FixtureRequest) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module", params=STORES)
+def module_store_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The settings of each store in turn, for the services a module's tests share: none
+    (SQLite), then ``AUTH_DB_URL`` (a fresh PostgreSQL database for the module)."""
+    return _store_env(request, request.param)
+
+
+@pytest.fixture(scope="module", params=STORES)
 def shared_auth(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AuthProcess]:

@@ -14,28 +14,12 @@ import jwt
 import psycopg
 import pytest
 
-from chatlab.harness import AuthProcess, HttpReply, free_port
+from chatlab.harness import AuthProcess, free_port
 from chatlab.postgres import PostgresProcess
 from tests.support import wait_until
+from tests.support.auth import at_once
 
 PASSWORD = "correct horse"
-
-
-def _at_once(calls: list[Callable[[], HttpReply]]) -> list[HttpReply]:
-    """Make the calls from one thread each, released together; their replies in order."""
-    barrier = threading.Barrier(len(calls))
-    replies: list[HttpReply] = [None] * len(calls)  # type: ignore[list-item]
-
-    def run(index: int) -> None:
-        barrier.wait()
-        replies[index] = calls[index]()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return replies
 
 
 DOWN_DETAIL = "the user database is down; one request at a time is trying it"
@@ -60,7 +44,7 @@ def test_two_replicas_registering_one_name_at_once_give_one_201_and_one_409(
     a, b = start_replicas(2, auth_db_url=auth_db_url)
     for index in range(8):
         name = f"race{index}"
-        replies = _at_once(
+        replies = at_once(
             [
                 lambda name=name: a.register(name, PASSWORD),
                 lambda name=name: b.register(name.upper(), PASSWORD),
@@ -115,7 +99,7 @@ def test_the_pool_holds_at_most_auth_db_pool_max_connections(
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        replies = _at_once([lambda: auth.login("pooled", PASSWORD) for _ in range(16)])
+        replies = at_once([lambda: auth.login("pooled", PASSWORD) for _ in range(16)])
         statuses = [r.status for r in replies]
     finally:
         done.set()
@@ -139,7 +123,7 @@ def test_a_database_down_answers_503_with_retry_after_then_recovers(
             assert int(reply.headers["retry-after"]) >= 1
         # while it is down one request at a time tries it: the others are answered at
         # once (each would otherwise hold a pool slot for AUTH_DB_TIMEOUT_S)
-        replies = _at_once([lambda: auth.login("erin", PASSWORD) for _ in range(8)])
+        replies = at_once([lambda: auth.login("erin", PASSWORD) for _ in range(8)])
         details = [(r.status, r.json()["detail"]) for r in replies]
         assert all(status == 503 for status, _ in details), details
         fast = [d for _, d in details if d == DOWN_DETAIL]
