@@ -20,10 +20,12 @@ sent while it was away comes by the ``since`` replay). The modes:
 Reported per mode: argon2 hashes during the storm (the auth service's
 ``auth_hash_seconds_count``, every ``op``), seconds from the release until every client
 was back and until every one was caught up, the auth calls, those answered 429/503 and
-retried after their ``Retry-After``, and those given up on. The auth service's
-per-address limits (login, register, refresh) are off, since every client comes from
-127.0.0.1; its argon2 cost is its configured one (its ``.env``, the environment; the
-defaults are argon2-cffi's) unless ``--fast-argon2``; ``HASH_QUEUE_MAX`` its default. Auth
+retried after their ``Retry-After``, those given up on, and the joins and sends made
+again (answered with an error frame, or their connection closed first; a send again with
+its ``ref``, which the server stores once). The auth service's per-address limits
+(login, register, refresh) are off, since every client comes from 127.0.0.1; its argon2
+cost is its configured one (its ``.env``, the environment; the defaults are
+argon2-cffi's) unless ``--fast-argon2``; ``HASH_QUEUE_MAX`` its default. Auth
 calls run ``--http-concurrency`` at a time (blocking ``urllib`` calls in threads; one
 waiting out a ``Retry-After`` holds its thread).
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import sys
@@ -87,8 +90,11 @@ class StormClient:
     gaps: int = 0
     conn: ClientConnection | None = None
     reader: asyncio.Task[None] | None = None
-    joined: asyncio.Event = field(default_factory=asyncio.Event)
+    #: answers to the client's join: "joined", or an error frame's code
+    join_answers: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
     progressed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the answer to the client's last send: "ack", or an error frame's code
+    answered: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
 
 
 @dataclass
@@ -105,6 +111,7 @@ class ModeResult:
     given_up: int
     missing: int  # clients not caught up by the deadline
     gaps: int  # seq gaps seen (a message skipped: never expected)
+    refused: dict[str, int]  # "join: CODE", "send: CODE", "...: closed CODE" -> times (then again)
 
 
 class Storm:
@@ -134,6 +141,7 @@ class Storm:
             for i in range(args.clients)
         ]
         self.targets: dict[str, int] = {}
+        self.refused: Counter[str] = Counter()
 
     def _on_retry(self, name: str, status: int) -> None:
         if status in RETRIED_STATUSES:
@@ -215,33 +223,57 @@ class Storm:
     # ---- the chat side ------------------------------------------------------------------
 
     async def connect(self, client: StormClient, deadline: float) -> None:
-        """Connect with the client's token (again while the server does not answer), join
-        its room with ``since`` the last seq it saw, and start reading."""
+        """Connect with the client's token, join its room with ``since`` the last seq it
+        saw, and start reading. A server that does not answer yet is tried again; a join
+        refused (an error frame) is sent again, and a connection closed before ``joined``
+        opened again, each counted (until the deadline)."""
+        while True:
+            conn = await self._open(client, deadline)
+            client.conn = conn
+            client.reader = asyncio.create_task(self._read(client, conn))
+            while True:
+                join: dict[str, Any] = {"type": "join", "room": client.room}
+                if client.last_seq:
+                    join["since"] = client.last_seq
+                with contextlib.suppress(ConnectionClosed):
+                    await conn.send(json.dumps(join))
+                answer = await self._answer(client, client.join_answers)
+                if answer == "joined":
+                    return
+                self.refused[f"join: {answer}"] += 1
+                await asyncio.sleep(RECONNECT_PAUSE_S)
+                if answer.startswith("closed"):
+                    break
+
+    async def _open(self, client: StormClient, deadline: float) -> ClientConnection:
+        """The websocket, opened with the client's token; again while the server does not
+        answer (until the deadline). A refused handshake (401) raises: a failure of the run."""
         assert self.server is not None and client.grant is not None
         while True:
             try:
-                conn = await connect(
+                return await connect(
                     self.server.url,
                     additional_headers={"Authorization": f"Bearer {client.grant.access_token}"},
                     subprotocols=[JSON],
                     compression=None,
                     open_timeout=max(1.0, deadline - time.monotonic()),
                 )
-                break
             except InvalidStatus:
-                raise  # a refused token: a failure of the run, not a server still starting
+                raise
             except (OSError, WebSocketException, TimeoutError):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(RECONNECT_PAUSE_S)
-        client.conn = conn
-        client.joined.clear()
-        client.reader = asyncio.create_task(self._read(client, conn))
-        join: dict[str, Any] = {"type": "join", "room": client.room}
-        if client.last_seq:
-            join["since"] = client.last_seq
-        await conn.send(json.dumps(join))
-        await client.joined.wait()
+
+    async def _answer(self, client: StormClient, answers: asyncio.Queue[str]) -> str:
+        """The next answer in ``answers``, or ``closed CODE`` when the connection ends first."""
+        assert client.reader is not None and client.conn is not None
+        getter = asyncio.ensure_future(answers.get())
+        await asyncio.wait({getter, client.reader}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return getter.result()
+        getter.cancel()
+        return f"closed {client.conn.close_code}"
 
     async def _read(self, client: StormClient, conn: ClientConnection) -> None:
         with_gaps = 0
@@ -250,7 +282,13 @@ class Storm:
                 frame = json.loads(raw)
                 kind = frame.get("type")
                 if kind == "joined":
-                    client.joined.set()
+                    client.join_answers.put_nowait("joined")
+                elif kind == "ack":
+                    client.answered.put_nowait("ack")
+                elif kind == "error":
+                    code = str(frame.get("code"))
+                    queue = client.answered if frame.get("ref") else client.join_answers
+                    queue.put_nowait(code)
                 elif kind == "message" and frame.get("room") == client.room:
                     seq = int(frame["seq"])
                     if seq > client.last_seq + 1:
@@ -262,11 +300,22 @@ class Storm:
         finally:
             client.gaps += with_gaps
 
-    async def say(self, client: StormClient, text: str) -> None:
-        """Send one chat message to the client's room."""
-        assert client.conn is not None
+    async def say(self, client: StormClient, text: str, deadline: float) -> None:
+        """Send one chat message to the client's room and wait for its ack. A send refused
+        (an error frame), or whose connection closed first, is counted and sent again with
+        the same ``ref`` (the server stores it once), on a new connection if need be."""
         body = {"type": "send", "room": client.room, "body": text, "ref": f"{client.index}-{text}"}
-        await client.conn.send(json.dumps(body))
+        while True:
+            assert client.conn is not None
+            with contextlib.suppress(ConnectionClosed):
+                await client.conn.send(json.dumps(body))
+            answer = await self._answer(client, client.answered)
+            if answer == "ack":
+                return
+            self.refused[f"send: {answer}"] += 1
+            await asyncio.sleep(RECONNECT_PAUSE_S)
+            if answer.startswith("closed"):
+                await self.connect(client, deadline)
 
     async def caught_up(self, client: StormClient) -> None:
         """Return once the client has seen its room's target seq."""
@@ -359,7 +408,9 @@ async def setup(storm: Storm, progress: Progress) -> None:
     if errors or ok < len(storm.clients):
         raise RuntimeError(f"connecting: {ok} of {len(storm.clients)}; {errors[:1]}")
     storm.expect_one_each()
-    await asyncio.gather(*(storm.say(c, "before") for c in storm.clients))
+    ok, errors = await _bounded([storm.say(c, "before", deadline) for c in storm.clients], deadline)
+    if errors or ok < len(storm.clients):
+        raise RuntimeError(f"first messages: {ok} of {len(storm.clients)} acked; {errors[:1]}")
     ok, errors = await _bounded([storm.caught_up(c) for c in storm.clients], deadline)
     if errors or ok < len(storm.clients):
         raise RuntimeError(f"first messages: {ok} of {len(storm.clients)} caught up")
@@ -369,11 +420,13 @@ async def storm_once(storm: Storm, mode: str, progress: Progress) -> ModeResult:
     """Expire the tokens, restart the chat server, release every client at once."""
     await _wait_expired(storm, progress)
     progress.say("restarting the chat server")
-    storm.restart_chat()
+    # in a thread: the clients must answer the server's closing handshakes meanwhile
+    await asyncio.to_thread(storm.restart_chat)
     await storm.close_all()
-    hashes_before = storm.hashes()
+    hashes_before = await asyncio.to_thread(storm.hashes)
     calls_before, given_up_before = storm.calls, storm.given_up
     retried_before = Counter(storm.retried)
+    refused_before = Counter(storm.refused)
     storm.expect_one_each()
     back: list[float] = []
     caught: list[float] = []
@@ -385,7 +438,7 @@ async def storm_once(storm: Storm, mode: str, progress: Progress) -> ModeResult:
         await (storm.refresh(client) if mode == "refresh" else storm.login(client))
         await storm.connect(client, deadline)
         back.append(time.monotonic() - started)
-        await storm.say(client, f"back-{mode}")
+        await storm.say(client, f"back-{mode}", deadline)
         await storm.caught_up(client)
         caught.append(time.monotonic() - started)
 
@@ -399,11 +452,17 @@ async def storm_once(storm: Storm, mode: str, progress: Progress) -> ModeResult:
     )
     for error in errors[:3]:
         progress.say(f"a client failed: {type(error).__name__}: {error}")
+    behind = [c for c in storm.clients if c.last_seq < storm.targets[c.room]]
+    for c in behind[:3]:
+        progress.say(
+            f"not caught up: client {c.index} in {c.room} saw seq {c.last_seq} of "
+            f"{storm.targets[c.room]}"
+        )
     total = len(storm.clients)
     return ModeResult(
         mode=mode,
         clients=total,
-        hashes=storm.hashes() - hashes_before,
+        hashes=await asyncio.to_thread(storm.hashes) - hashes_before,
         back_s=max(back) if len(back) == total else None,
         caught_up_s=max(caught) if len(caught) == total else None,
         auth_calls=storm.calls - calls_before,
@@ -411,6 +470,7 @@ async def storm_once(storm: Storm, mode: str, progress: Progress) -> ModeResult:
         given_up=storm.given_up - given_up_before,
         missing=total - len(caught),
         gaps=sum(c.gaps for c in storm.clients) - gaps_before,
+        refused=dict(storm.refused - refused_before),
     )
 
 
@@ -418,7 +478,7 @@ def summary(args: argparse.Namespace, cost: str, results: list[ModeResult]) -> s
     """The table printed at the end."""
 
     def seconds(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
+        return "-" if value is None else f"{value:.2f}"
 
     lines = [
         f"reconnect storm: {args.clients} clients ({args.users} users, "
@@ -427,13 +487,14 @@ def summary(args: argparse.Namespace, cost: str, results: list[ModeResult]) -> s
         f"{args.http_concurrency} auth calls in flight at most",
         f"{'mode':<9}{'argon2 hashes':>14}{'all back s':>12}{'all caught up s':>17}"
         f"{'auth calls':>12}{'429 retried':>13}{'503 retried':>13}{'given up':>10}"
-        f"{'missing':>9}{'gaps':>6}",
+        f"{'missing':>9}{'gaps':>6}{'joins/sends again':>19}",
     ]
     for r in results:
         lines.append(
             f"{r.mode:<9}{r.hashes:>14.0f}{seconds(r.back_s):>12}{seconds(r.caught_up_s):>17}"
             f"{r.auth_calls:>12}{r.retried.get(429, 0):>13}{r.retried.get(503, 0):>13}"
             f"{r.given_up:>10}{r.missing:>9}{r.gaps:>6}"
+            f"{sum(r.refused.values()):>19}"
         )
     return "\n".join(lines)
 

@@ -159,3 +159,11 @@ def test_reconnect_storm_costs_no_argon2_with_refresh_and_a_hash_per_client_with
         assert r["auth_calls"] == clients
         assert 0 < r["back_s"] <= r["caught_up_s"]
     assert "all caught up s" in result.stdout
+
+
+def test_the_lab_measures_refreshes_per_cpu_second_of_a_running_auth_service():
+    from bench.lab.scaling_cli import refreshes_per_cpu_s
+
+    # a refresh hashes no password: far more of them per CPU-second than argon2 logins
+    # (about 5 at the default cost), whatever the machine
+    assert refreshes_per_cpu_s(0.5, clients=2) > 20
