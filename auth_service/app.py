@@ -13,7 +13,9 @@ full; password work happens only in :class:`~auth_service.passwords.PasswordPool
 and database work only in the user store (SQLite on its own thread, PostgreSQL through
 its asyncio driver), never blocking the loop;
 an unknown username and a wrong password get the same 401 body after the same
-amount of hashing.
+amount of hashing. ``/refresh`` and ``/logout`` hash no password: a session's rules
+live in :mod:`auth_service.sessions`, and neither a refresh token nor its hash is
+logged (a session's family id may be).
 """
 
 from __future__ import annotations

@@ -65,6 +65,10 @@ TOKEN_BYTES: Final = 32
 TOKEN_SHAPE: Final = re.compile(r"[A-Za-z0-9_-]{43}")
 #: the cookie that carries the refresh token in cookie mode (docs/protocol.md)
 REFRESH_COOKIE: Final = "chatlab_refresh"
+#: spent tokens kept per family for reuse detection (the latest); an older one is
+#: forgotten at the next pruning, and presenting it is then ``invalid``, not reuse: a
+#: thief's copy that old fails anyway, and the rows one session holds stay bounded
+SPENT_KEPT_PER_FAMILY: Final = 16
 #: the longest pruning waits between two runs (shorter when REFRESH_TTL_S is)
 PRUNE_INTERVAL_S: Final = 60.0
 
@@ -276,12 +280,22 @@ SELECT_ROWS: Final = (
     " WHERE t.token_hash IN ({0}, {0})"
 )
 #: deletes what can never be answered but ``invalid``: tokens expired or of dead
-#: families, then dead families (revoked, or whose live token expired)
+#: families, then dead families (revoked, or whose live token expired); and each family's
+#: spent tokens past its :data:`SPENT_KEPT_PER_FAMILY` latest
 PRUNE: Final = (
     "DELETE FROM refresh_tokens WHERE expires_at <= {0} OR family_id IN (SELECT family_id"
     " FROM refresh_families WHERE revoked_at IS NOT NULL OR expires_at <= {0})",
     "DELETE FROM refresh_families WHERE revoked_at IS NOT NULL OR expires_at <= {0}",
+    "DELETE FROM refresh_tokens WHERE token_hash IN (SELECT token_hash FROM (SELECT"
+    " token_hash, ROW_NUMBER() OVER (PARTITION BY family_id ORDER BY spent_at DESC) AS n"
+    " FROM refresh_tokens WHERE spent_at IS NOT NULL) AS ranked WHERE n > {1})",
 )
+
+
+def prune_statement(sql: str, mark: str, now_s: float) -> tuple[str, tuple[float, ...]]:
+    """One of :data:`PRUNE` in a driver's placeholder ``mark``, with its arguments."""
+    text = sql.format(mark, SPENT_KEPT_PER_FAMILY)
+    return text, (now_s,) * sql.count("{0}")
 
 
 def rows_by_hash(rows: Iterable[tuple[object, ...]]) -> dict[bytes, TokenRow]:
@@ -335,10 +349,7 @@ class SqliteSessions:
 
         def prune(db: sqlite3.Connection) -> int:
             with _immediate(db):
-                return sum(
-                    db.execute(sql.format("?"), (now_s,) * sql.count("{0}")).rowcount
-                    for sql in PRUNE
-                )
+                return sum(db.execute(*prune_statement(sql, "?", now_s)).rowcount for sql in PRUNE)
 
         return await self.users.run(prune)
 

@@ -34,6 +34,7 @@ from auth_service.sessions import (
     new_family_id,
     new_secret,
     new_token,
+    prune_statement,
     rows_by_hash,
     settle,
     successor,
@@ -191,7 +192,7 @@ class PostgresSessions:
             pruned = 0
             async with conn.transaction():
                 for sql in PRUNE:
-                    cursor = await conn.execute(sql.format("%s"), (now_s,) * sql.count("{0}"))
+                    cursor = await conn.execute(*prune_statement(sql, "%s", now_s))
                     pruned += cursor.rowcount
             return pruned
 

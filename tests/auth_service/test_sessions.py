@@ -21,6 +21,7 @@ from hypothesis.stateful import (
 )
 
 from auth_service.sessions import (
+    SPENT_KEPT_PER_FAMILY,
     Outcome,
     SessionRules,
     SqliteSessions,
@@ -203,3 +204,20 @@ def test_a_family_has_at_most_one_live_token_whatever_is_presented(
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_a_family_keeps_its_latest_spent_tokens_only(store: SqliteSessions, runner: asyncio.Runner):
+    session, _ = runner.run(store.open_family("busy", NOW))
+    tokens = [session.refresh_token]
+    for index in range(SPENT_KEPT_PER_FAMILY + 4):
+        refreshed = runner.run(store.refresh(tokens[-1], NOW + index / 100))
+        assert refreshed.session is not None
+        tokens.append(refreshed.session.refresh_token)
+    assert runner.run(store.prune(NOW + GRACE_S + 1)) == 4
+    later = NOW + GRACE_S + 1
+    # the oldest, forgotten: refused, and the session goes on
+    assert runner.run(store.refresh(tokens[0], later)).outcome is Outcome.INVALID
+    assert _live(store.users.path, session.family_id, later) == 1
+    # a spent one still kept: reuse, the session ends
+    assert runner.run(store.refresh(tokens[-3], later)).outcome is Outcome.REUSED
+    assert _live(store.users.path, session.family_id, later) == 0
