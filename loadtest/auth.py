@@ -1,4 +1,5 @@
-"""The auth service's ``/register`` and ``/login`` for the load test, over one or more replicas.
+"""The auth service's ``/register``, ``/login`` and ``/refresh`` for the load test, over one
+or more replicas.
 
 Nothing here imports Locust (see :mod:`loadtest.client`).
 """
@@ -12,15 +13,77 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import jwt
+
 from chatlab.tls import shared_client_context
-from loadtest.client import LOGIN, REGISTER, RETRIED_STATUSES, AuthError
+from loadtest.client import LOGIN, REFRESH, REGISTER, RETRIED_STATUSES, AuthError
 
 #: where the next call starts in the list of replicas: shared by every client of this
 #: process (a Locust user makes its own), so calls go round robin; a random start, so
 #: that processes do not all begin at the first
 _NEXT_REPLICA = itertools.count(random.randrange(1 << 16))
+
+
+#: a grant is refreshed once this share of its access token's life has passed (the page
+#: refreshes at the same point): early enough that a refresh refused 429/503 and retried
+#: after its ``Retry-After`` still lands before the token expires
+REFRESH_AT_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Grant:
+    """An access token, when it expires and when to refresh it (wall clock, ``time.time()``),
+    and the refresh token that renews it (None: none, as for a token from a file).
+
+    Plain values only, so that the Locust master can send it to its workers as a dict.
+    """
+
+    access_token: str
+    expires_at: float | None = None
+    refresh_at: float | None = None
+    refresh_token: str | None = None
+
+    @classmethod
+    def from_reply(cls, body: dict[str, Any], now: float | None = None) -> Grant:
+        """The grant a ``/login`` or ``/refresh`` answer (``200``) carries; AuthError when it
+        carries no access token."""
+        token = body.get("access_token")
+        if not isinstance(token, str):
+            raise AuthError(200, "no access_token in the reply")
+        now = time.time() if now is None else now
+        life_s = body.get("expires_in")
+        refresh = body.get("refresh_token")
+        if not isinstance(life_s, int | float):
+            return cls.from_token(token, refresh if isinstance(refresh, str) else None)
+        return cls(
+            token,
+            now + life_s,
+            now + REFRESH_AT_SHARE * life_s,
+            refresh if isinstance(refresh, str) else None,
+        )
+
+    @classmethod
+    def from_token(cls, token: str, refresh_token: str | None = None) -> Grant:
+        """A grant for a bare access token (``--token-file``): its expiry read from the JWT's
+        ``exp`` claim, unverified (the chat server verifies it); None when it has none."""
+        try:
+            claims = jwt.decode(token, options={"verify_signature": False})
+        except jwt.PyJWTError:
+            return cls(token, None, None, refresh_token)
+        exp, iat = claims.get("exp"), claims.get("iat")
+        if not isinstance(exp, int | float):
+            return cls(token, None, None, refresh_token)
+        life_s = exp - iat if isinstance(iat, int | float) and iat < exp else 0.0
+        return cls(token, float(exp), exp - (1 - REFRESH_AT_SHARE) * life_s, refresh_token)
+
+    def refresh_due(self, now: float | None = None) -> bool:
+        """True when this grant can be refreshed and its time to do so has come."""
+        if self.refresh_token is None or self.refresh_at is None:
+            return False
+        return (time.time() if now is None else now) >= self.refresh_at
 
 
 def auth_urls(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -33,7 +96,8 @@ def auth_urls(text: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class AuthClient:
-    """The auth service's ``/register`` and ``/login`` (JSON over HTTP), with bounded retries.
+    """The auth service's ``/register``, ``/login`` and ``/refresh`` (JSON over HTTP), with
+    bounded retries.
 
     ``base_urls`` names one replica or several (comma-separated, or a list). Calls go
     round robin over them; a replica that refuses the connection, drops it or answers
@@ -74,22 +138,32 @@ class AuthClient:
 
     def register(self, name: str, password: str) -> bool:
         """Register ``name``: True if created, False if it was taken; AuthError otherwise."""
-        status, _ = self._call(REGISTER, "/register", (name, password), (201, 409))
+        status, _ = self._call(REGISTER, "/register", _credentials(name, password), (201, 409))
         return status == 201
 
-    def login(self, name: str, password: str, *, quiet_statuses: tuple[int, ...] = ()) -> str:
-        """Log in and return the access token; AuthError if refused.
+    def login(self, name: str, password: str, *, quiet_statuses: tuple[int, ...] = ()) -> Grant:
+        """Log in (one argon2 verification at the service); the grant, AuthError if refused.
 
         A refusal whose status is in ``quiet_statuses`` is raised without being reported.
         """
-        _, body = self._call(LOGIN, "/login", (name, password), (200,), quiet_statuses)
-        token = body.get("access_token")
-        if not isinstance(token, str):
-            raise AuthError(200, "no access_token in the reply")
-        return token
+        payload = _credentials(name, password)
+        _, body = self._call(LOGIN, "/login", payload, (200,), quiet_statuses)
+        return Grant.from_reply(body)
 
-    def token(self, name: str, password: str) -> str:
-        """A token for ``name``, registering it first if it is unknown (401 on first login).
+    def refresh(self, refresh_token: str) -> Grant:
+        """Spend ``refresh_token`` at ``/refresh`` (body mode; no password, no argon2) for a
+        new access token and its successor; AuthError if refused (401 ``invalid_token``:
+        the session is gone, log in again).
+
+        A retry presents the same token again: within the service's ``REFRESH_GRACE_S`` that
+        answers the same successor, so an answer lost on the way costs no session.
+        """
+        payload = json.dumps({"refresh_token": refresh_token}).encode()
+        _, body = self._call(REFRESH, "/refresh", payload, (200,))
+        return Grant.from_reply(body)
+
+    def token(self, name: str, password: str) -> Grant:
+        """A grant for ``name``, registering it first if it is unknown (401 on first login).
 
         The 401 that reveals an unregistered name is not reported as a failure: it is
         how a user's first use is detected. A 401 after registering is.
@@ -106,12 +180,10 @@ class AuthClient:
         self,
         name: str,
         path: str,
-        credentials: tuple[str, str],
+        payload: bytes,
         ok: tuple[int, ...],
         quiet_statuses: tuple[int, ...] = (),
     ) -> tuple[int, dict[str, Any]]:
-        user, password = credentials
-        payload = json.dumps({"username": user, "password": password}).encode()
         first = next(_NEXT_REPLICA)
         for attempt in range(1, self.max_attempts + 1):
             start = time.perf_counter()
@@ -175,6 +247,10 @@ class AuthClient:
     def _report(self, name: str, start: float, error: Exception | None) -> None:
         if self.on_request is not None:
             self.on_request(name, (time.perf_counter() - start) * 1000, error)
+
+
+def _credentials(name: str, password: str) -> bytes:
+    return json.dumps({"username": name, "password": password}).encode()
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

@@ -8,7 +8,7 @@ a locustfile). The statistics entries are ``fanout`` (a sender's send to each
 member's receive; failures: missing or duplicate deliveries), ``ack`` (send to ack;
 failures: error frames answering sends, sends never acked), ``connect`` (the
 websocket handshake; failures: refused handshakes, unexpected closes, errors before
-the join), ``login`` and ``register`` (auth calls) and ``generator_overload``
+the join), ``login``, ``refresh`` and ``register`` (auth calls) and ``generator_overload``
 (one failure per second in which this generator's CPU passed 90% or its sends fell
 behind schedule: the latencies then include the generator's own delay).
 
@@ -36,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import suppress
+from dataclasses import asdict, replace
 from typing import Any
 
 import gevent
@@ -48,7 +49,7 @@ from locust.exception import StopUser
 from locust.runners import MasterRunner, Runner, WorkerRunner
 
 from chatlab.tls import shared_client_context
-from loadtest.auth import AuthClient, auth_urls
+from loadtest.auth import AuthClient, Grant, auth_urls
 from loadtest.client import (
     CONNECT,
     FANOUT,
@@ -192,7 +193,10 @@ class ChatUser(User):
 
     The user's greenlet sends; a receiver greenlet reads every frame. A connection
     that fails or is closed by the server is reported and reopened after
-    :data:`RECONNECT_PAUSE_S`.
+    :data:`RECONNECT_PAUSE_S`. The user logs in once: when its access token nears
+    expiry (:data:`~loadtest.auth.REFRESH_AT_SHARE` of its life), and after a handshake
+    refused with 401, it spends its refresh token at ``/refresh`` instead; only a
+    refresh refused 401 (the session is gone) makes it log in again.
     """
 
     host = DEFAULT_HOST
@@ -201,7 +205,9 @@ class ChatUser(User):
     def on_start(self) -> None:
         """Take a slot (which names the user and its room)."""
         self.slot = PROCESS.slots.acquire()
-        self.token: str | None = None
+        self.grant: Grant | None = None
+        #: a refresh running beside the connection (the connection outlives its token)
+        self.renewing: gevent.Greenlet | None = None
         self.session: Session | None = None
         self.receiver: gevent.Greenlet | None = None
         #: sessions opened so far (names each session's refs), and the sends the last
@@ -228,8 +234,39 @@ class ChatUser(User):
         if getattr(self, "session", None) is not None:
             self.session.finish(PROCESS.tail_settled())  # type: ignore[union-attr]
             self._end_session()
+        if getattr(self, "renewing", None) is not None:
+            self.renewing.kill(block=False)  # type: ignore[union-attr]
         if hasattr(self, "slot"):
             PROCESS.slots.release(self.slot)
+
+    def _renew(self) -> bool:
+        """Spend the refresh token for a new grant; True when one came.
+
+        A refresh refused 401 (the session expired or was revoked) drops the grant, so
+        the next connect logs in; one given up on otherwise (429/503 still there after its
+        attempts) keeps it and tries again a second later. Both are reported as failures.
+        """
+        options = PROCESS.options
+        grant = self.grant
+        assert options is not None and grant is not None and grant.refresh_token is not None
+        try:
+            self.grant = _auth_client(self.environment, options).refresh(grant.refresh_token)
+        except AuthError as exc:  # reported by the auth client
+            if exc.status is None:  # no answer at all: every other user would fail too
+                _abort_run(self.environment, _auth_unreachable_reason(options, str(exc)))
+            if exc.status == 401:
+                self.grant = None
+            else:
+                self.grant = replace(grant, refresh_at=time.time() + RECONNECT_PAUSE_S)
+            return False
+        return True
+
+    def _renew_beside(self) -> None:
+        """Refresh in a greenlet of its own when due, so that sends keep their schedule."""
+        if self.grant is None or not self.grant.refresh_due():
+            return
+        if self.renewing is None or self.renewing.dead:
+            self.renewing = gevent.spawn(self._renew)
 
     def _open_session(self) -> Session | None:
         process = PROCESS
@@ -247,11 +284,15 @@ class ChatUser(User):
                 process.codec, process.ledger, fire, name, room, ref_prefix=f"{self.sessions}."
             )
             session.carry_over(self.unacked)
-            if self.token is None:
-                self.token = plan.tokens.get(name)
-            if self.token is None:
+            if self.grant is None and name in plan.tokens:
+                self.grant = Grant(**plan.tokens[name])
+            if self.renewing is not None:
+                self.renewing.join()  # a refresh in flight spends the token: wait for its grant
+            if self.grant is not None and self.grant.refresh_due():
+                self._renew()  # near expiry (or refused at the last handshake)
+            if self.grant is None:
                 try:
-                    self.token = _auth_client(self.environment, options).token(
+                    self.grant = _auth_client(self.environment, options).token(
                         name, password_for(name)
                     )
                 except AuthError as exc:  # reported by the auth client
@@ -264,13 +305,16 @@ class ChatUser(User):
             host = self.host or DEFAULT_HOST
             session.connect(
                 host,
-                self.token or "",
+                self.grant.access_token if self.grant is not None else "",
                 deflate=options.deflate,
                 ssl_context=_ws_context(host, options),
             )
         except LoadTestFailure as exc:
-            if isinstance(exc, HandshakeFailed) and exc.status == 401 and not options.token_file:
-                self.token = None  # expired or refused: log in again next time
+            if isinstance(exc, HandshakeFailed) and exc.status == 401 and self.grant is not None:
+                if self.grant.refresh_token is not None:  # expired or refused: refresh next time
+                    self.grant = replace(self.grant, refresh_at=0.0)
+                elif not options.token_file:
+                    self.grant = None  # no refresh token: log in again next time
             return None
         self.session = session
         self.receiver = gevent.spawn(session.receive_forever)
@@ -295,6 +339,7 @@ class ChatUser(User):
         process.gate.wait()
         next_at = time.monotonic() + random.uniform(0, high)
         while not conn.ended:
+            self._renew_beside()
             if not process.sending.is_set():
                 process.sending.wait(1.0)
                 next_at = time.monotonic() + random.uniform(0, high)
@@ -455,25 +500,29 @@ def _make_plans(environment: Environment, runner: Runner, options: Options) -> N
         shape.reset_time()  # the table starts once the tokens are there
 
 
-def _tokens(environment: Environment, options: Options, names: list[str]) -> dict[str, str]:
-    """Tokens for ``names``: from ``--token-file``, or logged in now for prelogin, or none."""
+def _tokens(
+    environment: Environment, options: Options, names: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Grants for ``names`` (as dicts, to be sent to workers): from ``--token-file`` (no
+    refresh token: such a user is refused at its first handshake past the token's ``exp``,
+    and keeps being refused), or logged in now for prelogin, or none."""
     if options.target != "chat":
         return {}
     if options.token_file:
         with open(options.token_file, encoding="utf-8") as f:
             table = json.load(f)
-        return {n: table[n] for n in names if n in table}
+        return {n: asdict(Grant.from_token(table[n])) for n in names if n in table}
     if options.auth_mode != "prelogin":
         return {}
     shape = environment.shape_class
     if isinstance(shape, ChatShape):
         shape.hold = True
     auth = _auth_client(environment, options)
-    tokens: dict[str, str] = {}
+    tokens: dict[str, dict[str, Any]] = {}
 
     def fetch(name: str) -> None:
         with suppress(LoadTestFailure):  # reported; that user logs in itself when it starts
-            tokens[name] = auth.token(name, password_for(name))
+            tokens[name] = asdict(auth.token(name, password_for(name)))
 
     started = time.monotonic()
     try:

@@ -47,6 +47,7 @@ WS = "WS"
 HTTP = "HTTP"
 #: the statistics entries: names exactly as users see them in Locust
 FANOUT, ACK, CONNECT, LOGIN, REGISTER = "fanout", "ack", "connect", "login", "register"
+REFRESH = "refresh"
 
 #: auth answers that say "later": retried after their Retry-After, counted apart
 RETRIED_STATUSES = (429, 503)

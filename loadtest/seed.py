@@ -82,7 +82,7 @@ def seed(
             else:
                 taken += 1
             if want_tokens:
-                tokens[name] = auth.login(name, password)
+                tokens[name] = auth.login(name, password).access_token
         except AuthError as exc:
             failures[name] = f"{exc} {exc.detail}".strip()
 

@@ -48,7 +48,8 @@ class Plan:
 
     processes: int = 1
     index: int = 0
-    tokens: dict[str, str] = field(default_factory=dict)
+    #: name -> a :class:`~loadtest.auth.Grant` as a dict (prelogin or ``--token-file``)
+    tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Process:

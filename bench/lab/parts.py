@@ -266,6 +266,12 @@ def parts_of(results: Results, slo_text: str = "p99=100") -> Parts:
         "logins/CPU-s",
         f"{label}: argon2 verifications per CPU-second, {extra.get('argon2', '?')}",
     )
+    parts["refreshes_per_cpu_s"] = Figure.of(
+        extra.get("refreshes_per_cpu_s") or [],
+        "refreshes/CPU-s",
+        f"{label}: POST /refresh answered per CPU-second of the auth service, "
+        f"{extra.get('refresh_clients', '?')} clients in a loop",
+    )
     parts["bytes_per_connection"] = Figure.of(
         extra.get("bytes_per_connection") or [],
         "bytes",

@@ -14,7 +14,13 @@ names it.
 n+1 on every tier: one chat process more than the load needs (a lost process' users
 reconnect to the others, which hold them), each Redis primary with one replica (a
 lost primary's replica takes its slots over), one auth replica more than the logins
-need.
+and refreshes need.
+
+An auth replica has two budgets: its hashing cores (``--auth-cores``) verify the logins'
+passwords (argon2), and its event loop's one core answers every request: each refresh,
+and each login's work besides the hash (HTTP, the database, the token's signature, taken
+to cost what a refresh costs). The tier is the larger of the two needs; with no refresh
+figure measured and no refreshes asked for, it is the hashing need alone.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class Target:
     share: float = DEFAULT_SHARE
     process_memory_gib: float = DEFAULT_PROCESS_MEMORY_GIB
     auth_cores_per_replica: float = 1.0
+    refreshes_per_s: float = 0.0
 
     @property
     def sends_per_s(self) -> float:
@@ -87,6 +94,8 @@ def target_errors(target: Target) -> list[str]:
         errors.append(f"--room-size {target.room_size}: a room has at least 1 member")
     if target.logins_per_s < 0:
         errors.append(f"--logins-per-s {target.logins_per_s:g}: must be 0 or more")
+    if target.refreshes_per_s < 0:
+        errors.append(f"--refreshes-per-s {target.refreshes_per_s:g}: must be 0 or more")
     if target.connections_per_user <= 0:
         errors.append(f"--connections-per-user {target.connections_per_user:g}: must be above 0")
     if target.spread is not None and not 1 <= target.spread <= target.room_size:
@@ -112,6 +121,7 @@ RANGED_PARTS: dict[str, tuple[str, ...]] = {
     "redis_commit_us": ("Redis primaries",),
     "redis_delivery_us": ("Redis primaries",),
     "logins_per_cpu_s": ("auth replicas",),
+    "refreshes_per_cpu_s": ("auth replicas",),
 }
 
 
@@ -384,27 +394,59 @@ def _point_plan(parts: Parts, target: Target) -> Plan:
                 need=redis_need,
             )
         )
+    auth_missing = []
     if parts.logins_per_cpu_s is None:
-        not_planned.append("auth replicas: not measured: logins per CPU-second")
+        auth_missing.append("logins per CPU-second")
+    if parts.refreshes_per_cpu_s is None and target.refreshes_per_s > 0:
+        auth_missing.append("refreshes per CPU-second")
+    if auth_missing:
+        not_planned.append(f"auth replicas: not measured: {', '.join(auth_missing)}")
     else:
-        per_replica = target.auth_cores_per_replica * target.share * parts.logins_per_cpu_s.value
-        replicas = max(1, math.ceil(target.logins_per_s / per_replica))
-        figures["logins_per_replica"] = per_replica
-        tiers.append(
-            Tier(
-                "auth replicas",
-                replicas,
-                replicas + SPARE,
-                f"logins/s: {target.logins_per_s:,.0f} at {per_replica:,.1f} per replica "
-                f"({target.auth_cores_per_replica:g} core(s) at {target.share:.0%})",
-                (
-                    f"argon2 logins per CPU-second: {parts.logins_per_cpu_s.text()} "
-                    f"({parts.logins_per_cpu_s.source})",
-                ),
-                need=target.logins_per_s / per_replica,
-            )
-        )
+        tier, auth_figures = _auth_tier(parts, target)
+        figures |= auth_figures
+        tiers.append(tier)
     return Plan(target, tuple(tiers), spread, assumptions, tuple(not_planned), figures)
+
+
+def _auth_tier(parts: Parts, target: Target) -> tuple[Tier, dict[str, float]]:
+    """The auth replicas: the larger of the hashing cores' need (logins' argon2) and the
+    event loop's (every refresh, and every login's work besides its hash), each printed."""
+    assert parts.logins_per_cpu_s is not None
+    share = target.share
+    logins_per_replica = target.auth_cores_per_replica * share * parts.logins_per_cpu_s.value
+    hashing_need = target.logins_per_s / logins_per_replica
+    figures = {"logins_per_replica": logins_per_replica, "auth_need_hashing": hashing_need}
+    hashing = (
+        f"logins/s: {target.logins_per_s:,.0f} at {logins_per_replica:,.1f} per replica "
+        f"({target.auth_cores_per_replica:g} core(s) at {share:.0%})"
+    )
+    sources = [
+        f"argon2 logins per CPU-second: {parts.logins_per_cpu_s.text()} "
+        f"({parts.logins_per_cpu_s.source})"
+    ]
+    if parts.refreshes_per_cpu_s is None:  # and no refreshes asked for
+        need, decided = hashing_need, hashing
+    else:
+        requests_per_replica = share * parts.refreshes_per_cpu_s.value
+        requests = target.logins_per_s + target.refreshes_per_s
+        loop_need = requests / requests_per_replica
+        figures |= {"requests_per_replica": requests_per_replica, "auth_need_loop": loop_need}
+        loop = (
+            f"logins + refreshes/s: {target.logins_per_s:,.0f} + {target.refreshes_per_s:,.0f} "
+            f"at {requests_per_replica:,.0f} per replica (its event loop's core at {share:.0%})"
+        )
+        sources.append(
+            f"refreshes per CPU-second: {parts.refreshes_per_cpu_s.text()} "
+            f"({parts.refreshes_per_cpu_s.source})"
+        )
+        need = max(hashing_need, loop_need)
+        parts_text = f"argon2 {hashing_need:,.2f}; event loop {loop_need:,.2f} replicas"
+        decided = f"{hashing if hashing_need >= loop_need else loop} ({parts_text})"
+    replicas = max(1, math.ceil(need))
+    return (
+        Tier("auth replicas", replicas, replicas + SPARE, decided, tuple(sources), need=need),
+        figures,
+    )
 
 
 def _assumptions(parts: Parts, target: Target) -> tuple[str, ...]:
@@ -427,9 +469,18 @@ def _assumptions(parts: Parts, target: Target) -> tuple[str, ...]:
         "at that knee, and more idle connections are taken to cost memory, not CPU",
         f"Redis primaries and auth cores are planned to {target.share:.0%} of one core "
         "(no knee of theirs was measured); rooms spread evenly over the primaries' slots",
-        "a login costs one argon2 verification at the configured cost; HTTP, the database "
-        "and the token's signature are not in the figure",
-        "a lost chat process' users reconnect with the tokens they hold: no new logins",
+        "a login costs one argon2 verification at the configured cost on an auth replica's "
+        "hashing cores; its HTTP, database and signing work is on the replica's event loop",
+        (
+            "a refresh costs what the refresh figure measured: the whole request at the auth "
+            "service (HTTP, the database's spend and insert, the token's signature), on its "
+            "event loop's one core; a login's work besides its hash is taken to cost the same"
+            if parts.refreshes_per_cpu_s is not None
+            else "no refresh figure in this run: the auth replicas are sized from argon2 "
+            "alone (the event loop's work, refreshes and the rest of each login, not counted)"
+        ),
+        "a lost chat process' users reconnect with the tokens they hold, or refresh them "
+        "(no password, no argon2): no new logins",
     ]
     if target.room_size != parts.room_size:
         out.append(
@@ -458,7 +509,8 @@ def plan_markdown(found: Plan) -> str:
         "## Capacity plan",
         "",
         f"Target: {t.users:,} connected users, {t.sends_per_user_per_min:g} sends per user "
-        f"per minute, rooms of {t.room_size}, {t.logins_per_s:g} logins/s, SLO {t.slo}.",
+        f"per minute, rooms of {t.room_size}, {t.logins_per_s:g} logins/s, "
+        f"{t.refreshes_per_s:g} refreshes/s, SLO {t.slo}.",
         "",
         "| tier | for the load | with n+1 | range with n+1 | widened most by | decided by |",
         "|---|---:|---:|---:|---|---|",

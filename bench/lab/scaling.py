@@ -14,6 +14,8 @@ names the measurement it comes from); no I/O. The terms:
   commit script's stream append and publish) and per subscriber delivery (one process
   subscribed to the room's channel hears it);
 - ``logins_per_cpu_s``: argon2 verifications per CPU-second at the configured cost;
+- ``refreshes_per_cpu_s``: ``POST /refresh`` answered per CPU-second of the auth service
+  (the whole request: HTTP, the database, the token's signature; no argon2);
 - ``bytes_per_connection``: a chat process' memory per idle connection.
 
 For sends/s ``S`` in rooms of ``m`` members spread over ``s`` processes (delivered/s
@@ -25,7 +27,8 @@ For sends/s ``S`` in rooms of ``m`` members spread over ``s`` processes (deliver
 - Redis: ``S <= R * share * 1e6 / (redis_commit_us + s * redis_delivery_us)``: Redis has
   no knee measured here, so a primary is planned to ``share`` of one core;
 - connections: ``<= N * memory_per_process / bytes_per_connection``;
-- logins/s: ``<= A * cores_per_replica * share * logins_per_cpu_s``;
+- logins/s: ``<= A * cores_per_replica * share * logins_per_cpu_s``, and logins plus
+  refreshes/s ``<= A * share * refreshes_per_cpu_s`` (each replica's event loop, one core);
 - ``s`` for members placed on processes at random (each connection lands on any
   process with equal chance, as the supervisor's steering and a round-robin load
   balancer do): ``N * (1 - (1 - 1/N) ** m)`` (:func:`random_spread`).
@@ -97,6 +100,7 @@ class Parts:
     redis_commit_us: Figure | None = None
     redis_delivery_us: Figure | None = None
     logins_per_cpu_s: Figure | None = None
+    refreshes_per_cpu_s: Figure | None = None
     bytes_per_connection: Figure | None = None
     # figures quoted beside the terms, not used by the function: BROKER=memory's
     # CPU per frame and knee, each spread's measured CPU per frame
@@ -108,7 +112,7 @@ class Parts:
     def missing(self) -> list[str]:
         """The terms not measured, by name."""
         names = ("u1", "beta", "knee", "redis_commit_us", "redis_delivery_us")
-        names += ("logins_per_cpu_s", "bytes_per_connection")
+        names += ("logins_per_cpu_s", "refreshes_per_cpu_s", "bytes_per_connection")
         return [n for n in names if getattr(self, n) is None]
 
 

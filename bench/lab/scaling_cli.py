@@ -3,9 +3,10 @@ function's parts, and plan a deployment on them.
 
 ``scaling`` runs the ``scaling`` matrix (:mod:`bench.lab.parts` says what each
 configuration gives), then, once per repeat, argon2 logins per CPU-second at the auth
-service's configured cost and the chat server's memory per idle connection
-(:mod:`bench.memory`); it saves them in ``results.json`` and writes the report, whose
-scaling section holds the function, its terms' sources and the ``WORKERS=2`` check.
+service's configured cost, refreshes per CPU-second of a running auth service and the
+chat server's memory per idle connection (:mod:`bench.memory`); it saves them in
+``results.json`` and writes the report, whose scaling section holds the function, its
+terms' sources and the ``WORKERS=2`` check.
 
 ``plan`` reads a saved run (``--from``, else the newest ``reports/*-scaling`` run) and
 prints the plan (:mod:`bench.lab.plan`), each tier with its range over the parts'
@@ -39,6 +40,9 @@ SCALING_MATRIX = "scaling"
 MEASURE_COMMAND = "python -m bench.lab scaling"
 #: seconds of argon2 verifications per repeat
 LOGINS_DURATION_S = 3.0
+#: seconds of refreshes per repeat, and the clients spending their tokens meanwhile
+REFRESH_DURATION_S = 3.0
+REFRESH_CLIENTS = 4
 #: idle connections per memory measurement: the lab's shape
 MEMORY_CONNECTIONS = 2000
 #: a small real scaling run shipped with the repository, for a plan before any
@@ -69,6 +73,61 @@ def logins_per_cpu_s(
     return count / cpu, cost
 
 
+def refreshes_per_cpu_s(duration_s: float, clients: int = REFRESH_CLIENTS) -> float:
+    """``POST /refresh`` answered per CPU-second of a running auth service (its process
+    tree, every thread): ``clients`` threads, each with its own session, spend their refresh
+    token and the next one for ``duration_s`` seconds, each call on a new connection (as
+    urllib makes them). The whole request is in the figure (HTTP, the database's spend
+    and insert, the token's signature); no argon2 (the sessions are made first, with cheap
+    hashes, outside the window)."""
+    import threading
+
+    import psutil
+
+    from bench.lab.machine import tree_cpu_s
+    from bench.lab.target import LAB_AUTH
+    from chatlab.harness import FAST_ARGON2, AuthProcess
+
+    settings = {**LAB_AUTH, **FAST_ARGON2, "REFRESH_RATE_PER_CLIENT_PER_MIN": "0"}
+    with tempfile.TemporaryDirectory(prefix="chatlab-scaling-refresh-") as tmp:
+        auth = AuthProcess(Path(tmp), **settings).start(timeout_s=60)
+        try:
+            assert auth.register("refresher", "correct horse battery").status == 201
+            tokens = []
+            for _ in range(clients):
+                reply = auth.login("refresher", "correct horse battery")
+                tokens.append(str(reply.json()["refresh_token"]))
+            assert auth.proc is not None
+            root = psutil.Process(auth.proc.pid)
+            done = [0] * clients
+            stop = threading.Event()
+
+            def spend(k: int) -> None:
+                token = tokens[k]
+                while not stop.is_set():
+                    reply = auth.post("/refresh", {"refresh_token": token})
+                    if reply.status != 200:
+                        raise RuntimeError(f"refresh answered {reply!r}")
+                    token = str(reply.json()["refresh_token"])
+                    done[k] += 1
+
+            threads = [threading.Thread(target=spend, args=(k,)) for k in range(clients)]
+            cpu_start = tree_cpu_s(root)
+            count_start = sum(done)
+            for thread in threads:
+                thread.start()
+            time.sleep(duration_s)
+            count, cpu = sum(done) - count_start, tree_cpu_s(root) - cpu_start
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        finally:
+            auth.stop()
+    if count == 0 or cpu <= 0:
+        raise RuntimeError("no refresh answered while measuring")
+    return count / cpu
+
+
 def bytes_per_connection(connections: int) -> float:
     """A chat server's RSS per idle connection over ``connections`` (bench.memory, deflate off)."""
     from bench.memory import measure
@@ -87,7 +146,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     repeat = args.repeat or matrix.repeat
     out_dir = report_dir(args.out, matrix.name)
     start_when_quiet(args.wait_quiet_s, quiet=args.quiet)
-    side_s = repeat * (LOGINS_DURATION_S + 15)
+    side_s = repeat * (LOGINS_DURATION_S + REFRESH_DURATION_S + 20)
     progress = Progress(
         matrix.estimate_s(repeat) + side_s, f"lab {matrix.name} x{repeat}", enabled=not args.quiet
     )
@@ -100,6 +159,10 @@ def cmd_scaling(args: argparse.Namespace) -> int:
                 rate, cost = logins_per_cpu_s(LOGINS_DURATION_S)
                 results.parts.setdefault("logins_per_cpu_s", []).append(round(rate, 3))
                 results.parts["argon2"] = cost
+                progress.phase(f"refreshes per CPU-second #{k + 1}")
+                refreshes = refreshes_per_cpu_s(REFRESH_DURATION_S)
+                results.parts.setdefault("refreshes_per_cpu_s", []).append(round(refreshes, 1))
+                results.parts["refresh_clients"] = REFRESH_CLIENTS
                 progress.phase(f"memory per idle connection #{k + 1}")
                 per = bytes_per_connection(MEMORY_CONNECTIONS)
                 results.parts.setdefault("bytes_per_connection", []).append(round(per))
@@ -130,7 +193,7 @@ def scaling_summary(results: Results) -> str:
     parts = parts_of(results)
     lines = ["the scaling function's parts:"]
     names = ("u1", "beta", "knee", "redis_commit_us", "redis_delivery_us")
-    for name in (*names, "logins_per_cpu_s", "bytes_per_connection"):
+    for name in (*names, "logins_per_cpu_s", "refreshes_per_cpu_s", "bytes_per_connection"):
         figure = getattr(parts, name)
         lines.append(f"  {name}: {figure.text() if figure else 'not measured'}")
     for name, figure in parts.notes.items():
@@ -221,6 +284,7 @@ def target_of(args: argparse.Namespace) -> Target:
         sends_per_user_per_min=args.sends_per_min,
         room_size=args.room_size,
         logins_per_s=args.logins_per_s,
+        refreshes_per_s=args.refreshes_per_s,
         slo=args.slo,
         connections_per_user=args.connections_per_user,
         spread=args.room_spread,
@@ -237,8 +301,11 @@ How the numbers are found (bench/lab/scaling.py, bench/lab/plan.py):
                   processes), and whose memory holds the connections; then N + 1
   Redis primaries sends/s x (CPU per commit + s x CPU per delivery) over --cpu-share of
                   a core each; each primary with one replica
-  auth replicas   logins/s over (--auth-cores x --cpu-share x argon2 logins per
-                  CPU-second); then + 1
+  auth replicas   the larger of: logins/s over (--auth-cores x --cpu-share x argon2
+                  logins per CPU-second), the hashing cores; and (logins + refreshes)/s
+                  over (--cpu-share x refreshes per CPU-second), the event loop's one
+                  core (a login's work besides its hash taken to cost a refresh's);
+                  each printed; then + 1
 Each tier is printed with its range: planned again at every combination of the ends of
 its parts' intervals (each part's range over the run's repeats), naming the part whose
 interval alone moves it most.
@@ -259,7 +326,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         help="measure the scaling function's parts (the scaling matrix, argon2, memory)",
         description="Run the scaling matrix (one process on memory and on one Redis, rooms "
         "spread over 2 and 4 processes, a Redis Cluster when this checkout has one), then "
-        "argon2 logins per CPU-second and memory per idle connection once per repeat; the "
+        "argon2 logins and refreshes per CPU-second and memory per idle connection once "
+        "per repeat; the "
         "report gives the scaling function, each term's source and the WORKERS=2 check. "
         "A load measurement: it owns the machine.",
     )
@@ -304,6 +372,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     )
     need.add_argument(
         "--logins-per-s", type=float, required=True, help="logins per second at the peak"
+    )
+    need.add_argument(
+        "--refreshes-per-s",
+        type=float,
+        default=0.0,
+        help="refreshes per second at the peak (POST /refresh: no argon2, on each auth "
+        "replica's event loop; a client refreshing every TOKEN_TTL_S x 0.8 seconds makes "
+        "1 / (0.8 x TOKEN_TTL_S) a second) [0]",
     )
     need.add_argument(
         "--slo",

@@ -18,6 +18,7 @@ REDIS_FACTORS = (1.0, 1.04, 0.98)
 #: the highest rate each repeat of "one Redis" held at p99 < 100 ms (x10: its knee)
 KNEE_RATES = (4800.0, 5000.0, 4600.0)
 LOGINS = [10.0, 11.0, 12.0]
+REFRESHES = [1000.0, 1100.0, 1200.0]
 BYTES = [32768.0, 33000.0, 32000.0]
 SPREAD = {1: 1.0, 2: 2 * (1 - 0.5**10), 4: 4 * (1 - 0.75**10)}
 
@@ -133,6 +134,8 @@ def build_scaling_results(
         results.parts |= {
             "logins_per_cpu_s": LOGINS,
             "argon2": "argon2id t=3 m=65536 KiB p=4",
+            "refreshes_per_cpu_s": REFRESHES,
+            "refresh_clients": 4,
             "bytes_per_connection": BYTES,
             "memory_connections": 2000,
         }

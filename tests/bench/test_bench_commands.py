@@ -141,3 +141,29 @@ def test_shard_faults_bench_reports_healthy_and_struck_shards_apart(tmp_path: Pa
     assert row["healthy_after"]["unavailable"] == 0
     assert row["struck_after"]["unavailable"] > 0
     assert row["struck_before"]["acked"] > 0
+
+
+def test_reconnect_storm_costs_no_argon2_with_refresh_and_a_hash_per_client_without(
+    tmp_path: Path,
+):
+    out = tmp_path / "storm.json"
+    clients = 20
+    args = ("--clients", str(clients), "--users", "4", "--token-ttl-s", "2", "--fast-argon2")
+    result = _run("bench.reconnect_storm", *args, "--timeout-s", "60", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    modes = {r["mode"]: r for r in json.loads(out.read_text())["modes"]}
+    assert modes["refresh"]["hashes"] == 0
+    assert modes["password"]["hashes"] == clients
+    for r in modes.values():
+        assert r["missing"] == r["given_up"] == r["gaps"] == 0, r
+        assert r["auth_calls"] == clients
+        assert 0 < r["back_s"] <= r["caught_up_s"]
+    assert "all caught up s" in result.stdout
+
+
+def test_the_lab_measures_refreshes_per_cpu_second_of_a_running_auth_service():
+    from bench.lab.scaling_cli import refreshes_per_cpu_s
+
+    # a refresh hashes no password: far more of them per CPU-second than argon2 logins
+    # (about 5 at the default cost), whatever the machine
+    assert refreshes_per_cpu_s(0.5, clients=2) > 20

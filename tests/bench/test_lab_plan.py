@@ -177,6 +177,7 @@ def test_plan_help_explains_every_input(capsys: pytest.CaptureFixture[str]) -> N
         "--sends-per-min",
         "--room-size",
         "--logins-per-s",
+        "--refreshes-per-s",
         "--slo",
         "--connections-per-user",
         "--room-spread",
@@ -216,3 +217,54 @@ def test_plan_refuses_bad_input_with_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert message in err
     assert not (saved.parent / "plan.md").exists()
+
+
+# ---- the auth tier: logins' argon2 and every request's event loop --------------------
+
+
+def test_refreshes_size_the_auth_tier_by_its_event_loop_beside_the_logins_hashing() -> None:
+    # 1,000 refreshes per CPU-second: each replica's loop at 0.7 answers 700 requests/s
+    parts = hand_parts(logins_per_cpu_s=11, refreshes_per_cpu_s=1000)
+    # 100 logins/s: argon2 100 / 7.7 = 12.99 replicas; the loop (100 + 0) / 700 = 0.14
+    few = plan(parts, EXAMPLE_TARGET)
+    auth = few.tier("auth replicas")
+    assert auth is not None and (auth.for_load, auth.total) == (13, 14)
+    assert few.figures["auth_need_hashing"] == pytest.approx(100 / 7.7)
+    assert few.figures["auth_need_loop"] == pytest.approx(100 / 700)
+    assert auth.decided_by.startswith("logins/s: 100 at 7.7 per replica")
+    assert "(argon2 12.99; event loop 0.14 replicas)" in auth.decided_by
+    # 20,000 refreshes/s: the loop (100 + 20,000) / 700 = 28.7 -> 29, then one more
+    many = plan(parts, replace(EXAMPLE_TARGET, refreshes_per_s=20_000))
+    auth = many.tier("auth replicas")
+    assert auth is not None and (auth.for_load, auth.total) == (29, 30)
+    assert auth.decided_by.startswith("logins + refreshes/s: 100 + 20,000 at 700 per replica")
+    assert "(argon2 12.99; event loop 28.71 replicas)" in auth.decided_by
+    assert any("refreshes per CPU-second: 1,000 (by hand)" in s for s in auth.sources)
+    text = plan_markdown(many)
+    assert "100 logins/s, 20000 refreshes/s" in text
+    assert "| auth replicas | 29 | 30 |" in text
+
+
+def test_refreshes_asked_for_without_their_figure_leave_the_auth_tier_unplanned() -> None:
+    found = plan(PARTS, replace(EXAMPLE_TARGET, refreshes_per_s=500))
+    assert found.tier("auth replicas") is None
+    assert found.not_planned == ("auth replicas: not measured: refreshes per CPU-second",)
+    # none asked for: argon2 alone, as before the refresh figure, and the plan says so
+    alone = plan(PARTS, EXAMPLE_TARGET)
+    assert alone.tier("auth replicas") is not None
+    assert any("sized from argon2 alone" in a for a in alone.assumptions)
+    assert target_errors(replace(EXAMPLE_TARGET, refreshes_per_s=-1)) == [
+        "--refreshes-per-s -1: must be 0 or more"
+    ]
+
+
+def test_plan_takes_refreshes_per_second_on_the_command_line(
+    saved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the fixture's run: 11 logins and 1,100 refreshes per CPU-second (medians)
+    args = ["plan", *EXAMPLE, "--refreshes-per-s", "20000", "--from", str(saved)]
+    assert main([*args, "--out", str(saved.parent / "p.md")]) == 0
+    out = capsys.readouterr().out
+    # (100 + 20,000) / (0.7 x 1,100 = 770) = 26.1 -> 27, then one more
+    assert "| auth replicas | 27 | 28 |" in out
+    assert "event loop 26.10 replicas" in out

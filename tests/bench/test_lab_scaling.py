@@ -139,6 +139,7 @@ def test_parts_come_from_the_spread_configurations_at_the_highest_rate_all_held(
     assert (parts.knee.value, parts.knee.low, parts.knee.high) == (48000, 46000, 50000)
     assert not parts.knee.lower_bound
     assert parts.logins_per_cpu_s is not None and parts.logins_per_cpu_s.value == 11
+    assert parts.refreshes_per_cpu_s is not None and parts.refreshes_per_cpu_s.value == 1100
     assert parts.bytes_per_connection is not None
     assert parts.bytes_per_connection.value == 32768
     assert parts.notes["BROKER=memory CPU per frame"].value == 15

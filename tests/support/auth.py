@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chatlab.harness import FAST_ARGON2, AuthProcess
 
-__all__ = ["TEST_SETTINGS", "RawReply", "at_once", "counted", "logins_answered", "raw_request"]
+__all__ = ["TEST_SETTINGS", "RawReply", "at_once", "logins_answered", "metric_sum", "raw_request"]
 
 T = TypeVar("T")
 
@@ -29,19 +29,20 @@ TEST_SETTINGS = {
 def logins_answered(replica: AuthProcess, status: int = 200) -> float:
     """How many ``POST /login`` ``replica`` answered with ``status`` (its Prometheus
     counter; a browser's CORS preflight, ``OPTIONS /login``, is not a login)."""
-    return counted(replica, "auth_requests", route="/login", method="POST", status=str(status))
+    return metric_sum(
+        replica, "auth_requests_total", route="/login", method="POST", status=str(status)
+    )
 
 
-def counted(replica: AuthProcess, counter: str, **labels: str) -> float:
-    """The sum of ``replica``'s Prometheus counter ``counter`` (its name without
-    ``_total``) over the samples carrying ``labels``; 0 when there is none yet."""
+def metric_sum(replica: AuthProcess, sample: str, **labels: str) -> float:
+    """The sum of ``replica``'s samples named ``sample`` (e.g. ``auth_refresh_total``,
+    ``auth_hash_seconds_count``) whose labels include ``labels``; 0 when there are none."""
     text = replica.get("/metrics").body.decode()
     return sum(
-        sample.value
+        s.value
         for family in text_string_to_metric_families(text)
-        if family.name == counter
-        for sample in family.samples
-        if sample.name == f"{counter}_total" and labels.items() <= sample.labels.items()
+        for s in family.samples
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items())
     )
 
 

@@ -12,10 +12,11 @@ def given(value: float) -> Figure:
     return Figure.given(value, "", "by hand")
 
 
-def hand_parts(logins_per_cpu_s: float) -> Parts:
+def hand_parts(logins_per_cpu_s: float, refreshes_per_cpu_s: float | None = None) -> Parts:
     """The function's parts by hand: u1 20 µs/frame, beta 2 µs/frame per further process
     (20 µs per message in rooms of 10), knee 48,000 delivered/s (a process' budget
-    960,000 µs/s), Redis 25 µs per commit and 5 per delivery, 32 KiB per connection."""
+    960,000 µs/s), Redis 25 µs per commit and 5 per delivery, 32 KiB per connection; the
+    refresh figure only when given."""
     return Parts(
         room_size=10,
         connections=2000,
@@ -26,5 +27,6 @@ def hand_parts(logins_per_cpu_s: float) -> Parts:
         redis_commit_us=given(25),
         redis_delivery_us=given(5),
         logins_per_cpu_s=given(logins_per_cpu_s),
+        refreshes_per_cpu_s=None if refreshes_per_cpu_s is None else given(refreshes_per_cpu_s),
         bytes_per_connection=given(32768),
     )

@@ -16,6 +16,7 @@ TERMS = {
     "redis_commit_us": "Redis CPU µs per commit (one send)",
     "redis_delivery_us": "Redis CPU µs per subscriber delivery (one process per room)",
     "logins_per_cpu_s": "argon2 logins per CPU-second, the configured cost",
+    "refreshes_per_cpu_s": "POST /refresh answered per CPU-second of the auth service",
     "bytes_per_connection": "chat process memory per idle connection",
 }
 
@@ -25,9 +26,10 @@ FUNCTION = (
     "(s - 1) x beta x m0 / m (m0: the measured room size); R Redis primaries hold "
     "S <= R x share x 10^6 / (redis_commit_us + s x redis_delivery_us); the connections "
     "N x memory per process / bytes_per_connection; A auth replicas of c cores "
-    "A x c x share x logins_per_cpu_s logins/s. Members placed at random are on "
-    "s = N x (1 - (1 - 1/N)^m) processes on average. Spread 1 and the largest measured "
-    "give the slopes; the spread between them is the check."
+    "A x c x share x logins_per_cpu_s logins/s on their hashing cores and A x share x "
+    "refreshes_per_cpu_s logins plus refreshes/s on their event loops. Members placed at "
+    "random are on s = N x (1 - (1 - 1/N)^m) processes on average. Spread 1 and the "
+    "largest measured give the slopes; the spread between them is the check."
 )
 
 

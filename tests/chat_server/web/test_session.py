@@ -22,7 +22,7 @@ import pytest
 
 from chatlab.harness import AuthProcess, KeyPair, ServerProcess
 from tests.support import CHROMIUM, say_acked, wait_until
-from tests.support.auth import TEST_SETTINGS, counted
+from tests.support.auth import TEST_SETTINGS, metric_sum
 from tests.support.browser import CHROMEDRIVER, PASSWORD, Browser, browsers
 
 pytestmark = pytest.mark.skipif(
@@ -75,12 +75,12 @@ def site(
 
 
 def _refreshes(auth: AuthProcess) -> float:
-    return counted(auth, "auth_refresh", outcome="rotated")
+    return metric_sum(auth, "auth_refresh_total", outcome="rotated")
 
 
 def _logins(auth: AuthProcess) -> float:
     """Passwords the auth service took (its CORS preflights are ``OPTIONS``)."""
-    return counted(auth, "auth_requests", route="/login", method="POST", status="200")
+    return metric_sum(auth, "auth_requests_total", route="/login", method="POST", status="200")
 
 
 def _bodies(browser: Browser, room: str) -> list[str]:
@@ -149,10 +149,10 @@ def test_the_page_stays_signed_in_across_token_lifetimes_and_a_chat_server_resta
         assert kept and not [key for key, value in kept.items() if refresh_token in value]
 
         # "Sign out", from the keyboard: the auth service revokes the session
-        signed_out = counted(auth, "auth_sessions_revoked", reason="logout")
+        signed_out = metric_sum(auth, "auth_sessions_revoked_total", reason="logout")
         alice.field("logout").send_keys(Keys.ENTER)
         alice.wait(lambda: alice.field("login-panel").is_displayed(), "the sign-in form")
-        assert counted(auth, "auth_sessions_revoked", reason="logout") == signed_out + 1
+        assert metric_sum(auth, "auth_sessions_revoked_total", reason="logout") == signed_out + 1
         assert auth.post("/refresh", {"refresh_token": refresh_token}).status == 401
         assert _refresh_cookies(alice) == []
         alice.driver.refresh()
