@@ -55,7 +55,8 @@ const state = {
   pending: new Map(), // room -> the since its join was sent with (null: none)
   // room -> { lastSeq, members: Set, list: <ol>, seen: Set, replayUntil, firstSeq, older,
   //   firstUnread: seq marked, hold: the view stays on it until the person scrolls,
-  //   stick: the view follows the latest, newBelow: a live message arrived out of view }
+  //   stick: the view follows the latest, newBelow: a live message arrived out of view,
+  //   showOldest: "Older messages" asked for a page, shown when it comes }
   rooms: new Map(),
 };
 
@@ -321,7 +322,7 @@ function roomState(name) {
     list.setAttribute("aria-label", `messages in ${name}`);
     $("messages").append(list);
     room = { lastSeq: null, members: new Set(), list, seen: new Set(), replayUntil: 0, firstSeq: null, older: true };
-    Object.assign(room, { firstUnread: null, hold: false, stick: true, newBelow: false });
+    Object.assign(room, { firstUnread: null, hold: false, stick: true, newBelow: false, showOldest: false });
     state.rooms.set(name, room);
     list.addEventListener("scroll", () => {
       room.stick = atBottom(list);
@@ -454,8 +455,10 @@ function onHistory(message) {
   if (room.firstSeq === 1) room.older = false;
   if (message.room === state.current) {
     renderRoom();
-    follow(room);
+    if (room.showOldest) room.list.scrollTop = 0;
+    else follow(room);
   }
+  room.showOldest = false;
 }
 
 // ---- where the view of a room's messages is ------------------------------------------
@@ -499,7 +502,11 @@ function jumpToLatest() {
 function olderMessages() {
   const room = state.rooms.get(state.current);
   if (!room || room.firstSeq === null) return;
-  sendFrame({ type: "history", room: state.current, before: room.firstSeq, limit: HISTORY_PAGE });
+  if (sendFrame({ type: "history", room: state.current, before: room.firstSeq, limit: HISTORY_PAGE })) {
+    room.hold = false; // the person asked for older messages: the view goes to them
+    room.stick = false;
+    room.showOldest = true;
+  }
 }
 
 function leaveRoom() {

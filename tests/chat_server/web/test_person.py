@@ -170,6 +170,11 @@ def test_a_return_lands_on_the_first_unread_and_reading_older_is_not_yanked(
     person.field("jump").click()
     person.wait(lambda: person.js(_PLACE_JS, "garden", 56)["atEnd"], "the latest in view")
     assert not person.field("jump").is_displayed()
+    # "Older messages": the page fetched is what the view shows
+    person.field("older").click()
+    person.wait(lambda: _seqs(person, "garden")[:1] == [1], "the older page")
+    oldest = person.wait(lambda: person.js(_PLACE_JS, "garden", 1), "the oldest placed")
+    assert oldest["scrollTop"] == 0 and oldest["top"] >= oldest["viewTop"], oldest
 
 
 def test_rooms_come_back_after_sign_out_and_sign_in_and_catch_up(site: Site, person: Browser):
