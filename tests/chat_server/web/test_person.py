@@ -118,7 +118,7 @@ def _seqs(person: Browser, room: str) -> list[int]:
 
 
 def test_a_return_lands_on_the_first_unread_and_reading_older_is_not_yanked(
-    site: Site, person: Browser
+    site: Site, person: Browser, tmp_path: Path
 ):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
@@ -154,6 +154,8 @@ def test_a_return_lands_on_the_first_unread_and_reading_older_is_not_yanked(
     assert place["viewTop"] <= place["top"] and place["bottom"] <= place["viewBottom"], place
     assert place["scrollTop"] > 0 and not place["atEnd"], place  # the rest of the unread below
     assert person.js("return document.querySelectorAll('li.first-unread').length") == 1
+    person.driver.save_screenshot(str(tmp_path / "return.png"))
+    print(f"screenshot of the return: {tmp_path / 'return.png'}")
 
     # reading older messages (the wheel): a new message does not pull the view down
     garden = person.js("return document.querySelector('ol.messages[data-room=garden]')")
