@@ -6,7 +6,8 @@ older messages is not pulled down by new ones; the rooms come back when the pers
 signs in again, and a shared browser forgets them at "Sign out" (unless the person
 asked it to keep them); at a phone's width (390 px) and a desktop's (1280 px) nothing
 scrolls sideways and every control can be reached and is named. Screenshots of both
-widths are saved in the test's tmp dir (their paths are printed: ``pytest -rP``).
+widths and of a return are saved in ``reports/web-page/`` (ignored by git; pytest's tmp
+dirs are pruned after three runs), for a person to look at.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: where a room's message ``seq`` is on screen: its box and the list's box (viewport px)
+#: where the screenshots go
+SHOTS = Path(__file__).resolve().parents[3] / "reports" / "web-page"
+
 _PLACE_JS = """
 const list = document.querySelector(`ol.messages[data-room="${arguments[0]}"]`);
 const item = list.querySelector(`li[data-seq="${arguments[1]}"]`);
@@ -118,7 +122,7 @@ def _seqs(person: Browser, room: str) -> list[int]:
 
 
 def test_a_return_lands_on_the_first_unread_and_reading_older_is_not_yanked(
-    site: Site, person: Browser, tmp_path: Path
+    site: Site, person: Browser
 ):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
@@ -154,8 +158,7 @@ def test_a_return_lands_on_the_first_unread_and_reading_older_is_not_yanked(
     assert place["viewTop"] <= place["top"] and place["bottom"] <= place["viewBottom"], place
     assert place["scrollTop"] > 0 and not place["atEnd"], place  # the rest of the unread below
     assert person.js("return document.querySelectorAll('li.first-unread').length") == 1
-    person.driver.save_screenshot(str(tmp_path / "return.png"))
-    print(f"screenshot of the return: {tmp_path / 'return.png'}")
+    _screenshot(person, "return-1280")
 
     # reading older messages (the wheel): a new message does not pull the view down
     garden = person.js("return document.querySelector('ol.messages[data-room=garden]')")
@@ -233,7 +236,7 @@ def test_sign_out_on_a_shared_browser_leaves_the_next_person_none_of_the_rooms(
 
 @pytest.mark.parametrize("width", [390, 1280])
 def test_at_a_phones_and_a_desktops_width_nothing_scrolls_sideways_and_every_control_is_reachable(
-    site: Site, person: Browser, width: int, tmp_path: Path
+    site: Site, person: Browser, width: int
 ):
     from selenium.webdriver.common.keys import Keys
 
@@ -249,7 +252,7 @@ def test_at_a_phones_and_a_desktops_width_nothing_scrolls_sideways_and_every_con
     try:
         _signed_out_page(person, site)
         _assert_fits(person, width)
-        person.driver.save_screenshot(str(tmp_path / f"sign-in-{width}.png"))
+        _screenshot(person, f"sign-in-{width}")
         _sign_in(person, f"frank{width}", register=True, keep=False)
         # the rooms (and the room box): folded behind a button at a phone's width,
         # beside the messages at a desktop's
@@ -268,12 +271,16 @@ def test_at_a_phones_and_a_desktops_width_nothing_scrolls_sideways_and_every_con
         # a room chosen on a phone takes the screen
         assert room_list.is_displayed() == (width >= 600)
         _assert_fits(person, width)
-        shot = tmp_path / f"chat-{width}.png"
-        person.driver.save_screenshot(str(shot))
-        print(f"screenshots at {width} px: {tmp_path}")
+        _screenshot(person, f"chat-{width}")
         _assert_named(person)
     finally:
         person.driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def _screenshot(person: Browser, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    person.driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    print(f"screenshot: {SHOTS / name}.png")
 
 
 def _assert_fits(person: Browser, width: int) -> None:
