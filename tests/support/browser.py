@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from chatlab.harness import AuthProcess, KeyPair, ServerProcess
 from tests.support import CHROMIUM
+from tests.support.auth import TEST_SETTINGS
 
-__all__ = ["CHROMEDRIVER", "PASSWORD", "WAIT_S", "Browser", "browsers"]
+__all__ = ["CHROMEDRIVER", "PASSWORD", "WAIT_S", "Browser", "browsers", "page_services"]
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 #: the password :meth:`Browser.sign_in` types
@@ -173,3 +175,35 @@ def browsers(tmp_path: Path, *names: str, flags: tuple[str, ...] = ()) -> Iterat
     finally:
         for browser in opened:
             browser.close()
+
+
+@contextmanager
+def page_services(
+    root: Path,
+    keys: KeyPair,
+    auth_settings: dict[str, str] | None = None,
+    page_hosts: tuple[str, ...] = ("127.0.0.1",),
+    **chat_settings: Any,
+) -> Iterator[tuple[AuthProcess, ServerProcess]]:
+    """An auth service (``TEST_SETTINGS`` and ``auth_settings``) allowing the chat page's
+    origin at each of ``page_hosts``, and an asyncio chat server (``chat_settings``) whose
+    page names it; both killed at the end."""
+    (root / "auth").mkdir()
+    (root / "chat").mkdir()
+    auth = AuthProcess(root / "auth", **{**TEST_SETTINGS, **(auth_settings or {})})
+    chat = ServerProcess(
+        root / "chat",
+        keys,
+        event_loop="asyncio",
+        jwt_public_key=str(auth.public_path),
+        auth_public_url=auth.url(),
+        **chat_settings,
+    )
+    auth.env["AUTH_CORS_ORIGINS"] = ",".join(f"http://{host}:{chat.port}" for host in page_hosts)
+    try:
+        auth.start()
+        chat.start()
+        yield auth, chat
+    finally:
+        chat.kill()
+        auth.kill()

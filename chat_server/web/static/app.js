@@ -3,16 +3,21 @@
 // Rules this file keeps:
 // - every string that comes from a user or a server (names, bodies, rooms, error
 //   details) reaches the page through textContent, never as HTML;
-// - each joined room's last seen seq lives in sessionStorage, so a reload or a dropped
-//   connection joins again with `since` and gets what it missed (shown marked
-//   "replayed"); session.js keeps the tokens and renews the access token, before it
-//   expires, before connecting when it is due and after a failed connect;
+// - each joined room's last seen seq lives in localStorage under the user's name, so a
+//   reload, a dropped connection or signing in again joins again with `since` and gets
+//   what it missed (shown marked "replayed", the view on the first of them); "Sign out"
+//   forgets them unless the person asked the browser to keep them;
+// - session.js keeps the tokens and renews the access token, before it expires, before
+//   connecting when it is due and after a failed connect;
 // - nothing is loaded from anywhere but this server and the auth service (config.json
 //   says where its replicas are).
 "use strict";
 
-const KEYS = { rooms: "chatlab.rooms", current: "chatlab.current" };
+// + the user's name, in localStorage: { rooms: { name: last seq }, current, keep }
+const ROOMS_KEY = "chatlab.rooms.";
 const HISTORY_PAGE = 20;
+const UNREAD_CONTEXT_PX = 24; // of the message before the first unread, shown above it
+const BOTTOM_SLACK_PX = 8; // this close to the end counts as reading the latest
 const RECONNECT_DELAYS_MS = [500, 1000, 2000, 4000, 8000];
 
 const ERROR_HINTS = {
@@ -35,6 +40,9 @@ const state = {
   config: null,
   ws: null,
   user: null,
+  roomsOf: null, // the user whose rooms state.rooms holds (and saveRooms keeps)
+  keep: false, // keep the rooms on this browser after "Sign out"
+  keepChoice: null, // the sign-in form's choice, until the welcome names the user
   welcomed: false,
   loggingOut: false,
   closing: false, // the page is going away: no reconnect
@@ -45,7 +53,11 @@ const state = {
   current: null,
   wanted: null, // the room the person asked to join: shown once joined
   pending: new Map(), // room -> the since its join was sent with (null: none)
-  rooms: new Map(), // room -> { lastSeq, members: Set, list: <ol>, seen: Set, replayUntil, firstSeq, older }
+  // room -> { lastSeq, members: Set, list: <ol>, seen: Set, replayUntil, firstSeq, older,
+  //   firstUnread: seq marked, hold: the view stays on it until the person scrolls,
+  //   stick: the view follows the latest, newBelow: a live message arrived out of view,
+  //   showOldest: "Older messages" asked for a page, shown when it comes }
+  rooms: new Map(),
 };
 
 const $ = (id) => document.getElementById(id);
@@ -57,22 +69,54 @@ function el(tag, className, text) {
   return node;
 }
 
-// ---- sessionStorage -----------------------------------------------------------------
+// ---- the rooms kept per user (localStorage) ------------------------------------------
 
-function savedRooms() {
+function savedRecord(user) {
   try {
-    const rooms = JSON.parse(sessionStorage.getItem(KEYS.rooms) || "{}");
-    return rooms && typeof rooms === "object" ? rooms : {};
+    const record = JSON.parse(localStorage.getItem(ROOMS_KEY + user) || "{}");
+    return record && typeof record === "object" ? record : {};
   } catch (_) {
     return {};
   }
 }
 
 function saveRooms() {
+  if (state.roomsOf === null) return;
   const rooms = {};
   for (const [name, room] of state.rooms) rooms[name] = room.lastSeq;
-  sessionStorage.setItem(KEYS.rooms, JSON.stringify(rooms));
-  if (state.current) sessionStorage.setItem(KEYS.current, state.current);
+  const record = { rooms, current: state.current, keep: state.keep };
+  localStorage.setItem(ROOMS_KEY + state.roomsOf, JSON.stringify(record));
+}
+
+// the welcome named the user: their rooms, as this browser last saw them, joined again
+// from the last seq seen in each (by onWelcome)
+function restoreRooms(user) {
+  if (state.roomsOf !== null) forgetRooms(false);
+  const record = savedRecord(user);
+  state.roomsOf = user;
+  state.keep = state.keepChoice === null ? record.keep === true : state.keepChoice;
+  state.keepChoice = null;
+  const rooms = record.rooms && typeof record.rooms === "object" ? record.rooms : {};
+  for (const [name, lastSeq] of Object.entries(rooms)) {
+    roomState(name).lastSeq = typeof lastSeq === "number" ? lastSeq : null;
+  }
+  state.current = state.rooms.has(record.current) ? record.current : (state.rooms.keys().next().value ?? null);
+  saveRooms();
+  renderRoomList();
+  renderRoom();
+}
+
+// the page shows no rooms; `fromBrowser`: this browser forgets the user's too
+function forgetRooms(fromBrowser) {
+  if (fromBrowser && state.roomsOf !== null) localStorage.removeItem(ROOMS_KEY + state.roomsOf);
+  state.roomsOf = null;
+  state.rooms.clear();
+  state.pending.clear();
+  state.current = null;
+  state.wanted = null;
+  for (const list of $("messages").querySelectorAll("ol.messages")) list.remove();
+  $("rooms").replaceChildren();
+  $("members").replaceChildren();
 }
 
 // ---- the event log --------------------------------------------------------------------
@@ -87,9 +131,9 @@ function logError(code, detail, context) {
   item.dataset.code = code;
   item.append(el("span", "time", `${new Date().toLocaleTimeString()} `));
   item.append(el("span", "code", code));
-  const hint = ERROR_HINTS[code];
-  let text = hint ? `: ${hint}` : "";
-  if (detail) text += ` (${detail})`;
+  // said once: the server's own words when it gave some, else the page's hint for the code
+  const said = detail || ERROR_HINTS[code];
+  let text = said ? `: ${said}` : "";
   if (context) text += ` [${context}]`;
   item.append(el("span", "detail", text));
   $("events").prepend(item);
@@ -112,7 +156,8 @@ async function signIn(register) {
     logEvent(`registered ${username}`);
   }
   const login = await session.logIn(username, password);
-  if (!login.ok) return logError(login.code, login.detail, `log in ${username}`);
+  if (!login.ok) return logError(login.code, login.detail, `sign in ${username}`);
+  state.keepChoice = $("remember").checked;
   $("password").value = "";
   showChat();
   connect();
@@ -126,20 +171,24 @@ async function signOut() {
   const result = await session.signOut();
   $("logout").disabled = false;
   if (!result.ok) logError(result.code, result.detail, "sign out");
-  logOut("signed out");
+  logOut("signed out", !state.keep);
 }
 
-function logOut(reason) {
+// the session is over: "Sign out" (`forget`: this browser forgets the user's rooms too)
+// or the auth service refused the refresh token (the rooms stay for the next sign-in)
+function logOut(reason, forget) {
   state.loggingOut = true;
   clearTimeout(state.reconnectTimer);
-  if (state.ws) state.ws.close(1000, "log out");
+  if (state.ws) {
+    const ws = state.ws;
+    state.ws = null; // its close is not a lost connection; a sign-in may connect at once
+    ws.close(1000, "sign out");
+  }
   session.forget();
-  for (const key of Object.values(KEYS)) sessionStorage.removeItem(key);
-  state.rooms.clear();
-  state.current = null;
-  $("rooms").replaceChildren();
-  $("members").replaceChildren();
-  $("messages").replaceChildren();
+  forgetRooms(forget);
+  state.user = null;
+  state.welcomed = false;
+  state.attempts = 0; // the next sign-in's first connection is not a reconnect
   $("whoami").textContent = "";
   $("logout").hidden = true;
   $("chat-panel").hidden = true;
@@ -256,6 +305,7 @@ function onWelcome(message) {
   $("whoami").textContent = `signed in as ${message.user}`;
   setConnection("online", "online");
   logEvent(again ? "reconnected" : "connected");
+  if (state.roomsOf !== message.user) restoreRooms(message.user);
   setSending(state.current !== null);
   for (const [name, room] of state.rooms) joinRoom(name, room.lastSeq);
 }
@@ -268,9 +318,23 @@ function roomState(name) {
     const list = el("ol", "messages");
     list.dataset.room = name;
     list.hidden = true;
+    list.tabIndex = 0; // scrolled with the keyboard too
+    list.setAttribute("aria-label", `messages in ${name}`);
     $("messages").append(list);
     room = { lastSeq: null, members: new Set(), list, seen: new Set(), replayUntil: 0, firstSeq: null, older: true };
+    Object.assign(room, { firstUnread: null, hold: false, stick: true, newBelow: false, showOldest: false });
     state.rooms.set(name, room);
+    list.addEventListener("scroll", () => {
+      room.stick = atBottom(list);
+      if (room.stick && room.newBelow) {
+        room.newBelow = false;
+        renderJump();
+      }
+    });
+    // the person scrolls: the view is theirs, no longer held on the first unread
+    for (const kind of ["wheel", "touchstart", "keydown", "mousedown"]) {
+      list.addEventListener(kind, () => (room.hold = false), { passive: true });
+    }
     renderRoomList();
   }
   return room;
@@ -289,6 +353,11 @@ function onJoined(message) {
   room.members = new Set(message.members);
   // with since, every message up to last_seq that follows is a replay of what we missed
   room.replayUntil = since === null ? 0 : message.last_seq;
+  if (since !== null && message.last_seq > since) {
+    // a return with messages missed: the view will land on the first of them, marked
+    unmark(room);
+    room.hold = true;
+  }
   if (room.lastSeq === null) room.lastSeq = since === null ? message.last_seq : since;
   if (state.wanted === message.room || !state.rooms.has(state.current)) state.current = message.room;
   saveRooms();
@@ -344,12 +413,21 @@ function onMessage(message) {
   const room = state.rooms.get(message.room);
   if (!room || room.seen.has(message.seq)) return;
   const origin = message.seq <= room.replayUntil ? "replayed" : "live";
-  place(room, messageItem(message, origin), message.seq);
+  const item = messageItem(message, origin);
+  place(room, item, message.seq);
+  if (origin === "replayed" && room.firstUnread === null) {
+    room.firstUnread = message.seq;
+    item.classList.add("first-unread");
+  }
   if (room.lastSeq === null || message.seq > room.lastSeq) {
     room.lastSeq = message.seq;
     saveRooms();
   }
-  if (message.room === state.current) room.list.scrollTop = room.list.scrollHeight;
+  if (message.room === state.current) {
+    follow(room);
+    if (origin === "live" && !atBottom(room.list)) room.newBelow = true;
+    renderJump();
+  }
   renderRoomList();
 }
 
@@ -375,13 +453,60 @@ function onHistory(message) {
     if (!room.seen.has(old.seq)) place(room, messageItem(old, "history"), old.seq);
   }
   if (room.firstSeq === 1) room.older = false;
-  if (message.room === state.current) renderRoom();
+  if (message.room === state.current) {
+    renderRoom();
+    if (room.showOldest) room.list.scrollTop = 0;
+    else follow(room);
+  }
+  room.showOldest = false;
+}
+
+// ---- where the view of a room's messages is ------------------------------------------
+
+function atBottom(list) {
+  return list.scrollHeight - list.scrollTop - list.clientHeight <= BOTTOM_SLACK_PX;
+}
+
+function unmark(room) {
+  const marked = room.list.querySelector(".first-unread");
+  if (marked) marked.classList.remove("first-unread");
+  room.firstUnread = null;
+}
+
+// after the shown room's list changed: the first unread message at the top of the view
+// (the rest below it) until the person scrolls; else the latest, if they were reading it;
+// else the view stays where the person put it
+function follow(room) {
+  const list = room.list;
+  if (list.hidden) return;
+  const marked = room.hold && list.querySelector(".first-unread");
+  if (marked) list.scrollTop = marked.offsetTop - UNREAD_CONTEXT_PX;
+  else if (room.stick) list.scrollTop = list.scrollHeight;
+}
+
+function renderJump() {
+  const room = state.rooms.get(state.current);
+  $("jump").hidden = !(room && room.newBelow);
+}
+
+function jumpToLatest() {
+  const room = state.rooms.get(state.current);
+  if (!room) return;
+  room.hold = false;
+  room.newBelow = false;
+  room.list.scrollTop = room.list.scrollHeight;
+  renderJump();
+  room.list.focus();
 }
 
 function olderMessages() {
   const room = state.rooms.get(state.current);
   if (!room || room.firstSeq === null) return;
-  sendFrame({ type: "history", room: state.current, before: room.firstSeq, limit: HISTORY_PAGE });
+  if (sendFrame({ type: "history", room: state.current, before: room.firstSeq, limit: HISTORY_PAGE })) {
+    room.hold = false; // the person asked for older messages: the view goes to them
+    room.stick = false;
+    room.showOldest = true;
+  }
 }
 
 function leaveRoom() {
@@ -393,7 +518,6 @@ function leaveRoom() {
   state.rooms.delete(name);
   state.current = state.rooms.size ? state.rooms.keys().next().value : null;
   saveRooms();
-  if (state.current === null) sessionStorage.removeItem(KEYS.current);
   logEvent(`left ${name}`);
   renderRoomList();
   renderRoom();
@@ -414,17 +538,29 @@ function renderRoomList() {
   for (const [name, room] of state.rooms) {
     const item = el("li", name === state.current ? "current" : "");
     item.dataset.room = name;
-    item.append(el("span", "name", name));
-    item.append(el("span", "seq", room.lastSeq === null ? "" : `#${room.lastSeq}`));
-    item.addEventListener("click", () => {
+    const button = el("button", "room");
+    button.type = "button";
+    if (name === state.current) button.setAttribute("aria-current", "true");
+    button.append(el("span", "name", name));
+    button.append(el("span", "seq", room.lastSeq === null ? "" : `#${room.lastSeq}`));
+    button.addEventListener("click", () => {
+      showRoomList(false); // on a phone, the room chosen takes the screen
       state.current = name;
       saveRooms();
       renderRoomList();
       renderRoom();
     });
+    item.append(button);
     items.push(item);
   }
   $("rooms").replaceChildren(...items);
+  $("rooms-toggle").textContent = `Rooms (${state.rooms.size})${state.current ? `: ${state.current}` : ""}`;
+}
+
+// at a phone's width the room list folds behind its button (style.css); wider, it is always shown
+function showRoomList(open) {
+  $("chat-panel").classList.toggle("rooms-open", open);
+  $("rooms-toggle").setAttribute("aria-expanded", String(open));
 }
 
 function renderMembers() {
@@ -441,8 +577,17 @@ function renderMembers() {
 
 function renderRoom() {
   const room = state.rooms.get(state.current);
-  for (const [name, other] of state.rooms) other.list.hidden = name !== state.current;
+  for (const [name, other] of state.rooms) {
+    const shown = name === state.current;
+    if (other.list.hidden === shown) {
+      other.list.hidden = !shown;
+      if (shown) follow(other);
+    }
+  }
+  renderJump();
   $("room-title").textContent = room ? state.current : "no room";
+  // the room box names the room on screen, unless the person is typing in it
+  if (room && document.activeElement !== $("room-name")) $("room-name").value = state.current;
   $("older").disabled = !room || !room.older || room.firstSeq === null;
   $("leave").disabled = !room;
   setSending(Boolean(room) && state.welcomed);
@@ -494,6 +639,8 @@ async function start() {
     if (event.persisted && !state.ws) connect();
   });
   $("older").addEventListener("click", olderMessages);
+  $("jump").addEventListener("click", jumpToLatest);
+  $("rooms-toggle").addEventListener("click", () => showRoomList(!$("chat-panel").classList.contains("rooms-open")));
   $("leave").addEventListener("click", leaveRoom);
 
   try {
@@ -505,15 +652,9 @@ async function start() {
   if (state.config.subprotocol !== "chatlab.json") {
     return logError("unsupported", `this server speaks ${state.config.subprotocol}; the page speaks chatlab.json`);
   }
-  session.configure(state.config.auth_urls, () => logOut("your session ended: sign in again"));
+  session.configure(state.config.auth_urls, () => logOut("your session ended: sign in again", false));
   if (!session.resumable()) return;
-  // a reload: the same rooms, joined again from the last seq seen in each
-  const rooms = savedRooms();
-  for (const [name, lastSeq] of Object.entries(rooms)) {
-    roomState(name).lastSeq = typeof lastSeq === "number" ? lastSeq : null;
-  }
-  const current = sessionStorage.getItem(KEYS.current);
-  state.current = current && state.rooms.has(current) ? current : null;
+  // a reload: the welcome names the user, whose rooms are joined again (restoreRooms)
   showChat();
   renderRoomList();
   renderRoom();

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from chatlab.harness import FAST_ARGON2, AuthProcess, KeyPair, ServerProcess
+from chatlab.harness import KeyPair, ServerProcess
 from tests.support import CHROMIUM
-from tests.support.browser import CHROMEDRIVER, PASSWORD, browsers
+from tests.support.browser import CHROMEDRIVER, PASSWORD, browsers, page_services
 
 XSS = '<img src=x onerror="window.__xss=(window.__xss||0)+1">'
 
@@ -56,32 +56,8 @@ def chat_and_auth(
     tmp_path: Path, keys: KeyPair, transport: str, ws_deflate: str
 ) -> Iterator[ServerProcess]:
     """An auth service allowing the chat page's origin, and a chat server that names it."""
-    (tmp_path / "auth").mkdir()
-    (tmp_path / "chat").mkdir()
-    auth = AuthProcess(
-        tmp_path / "auth",
-        **FAST_ARGON2,
-        LOGIN_RATE_PER_CLIENT_PER_MIN="0",
-        REGISTER_RATE_PER_CLIENT_PER_MIN="0",
-        EVENT_LOOP="asyncio",
-    )
-    chat = ServerProcess(
-        tmp_path / "chat",
-        keys,
-        event_loop="asyncio",
-        transport=transport,
-        ws_deflate=ws_deflate,
-        jwt_public_key=str(auth.public_path),
-        auth_public_url=auth.url(),
-    )
-    auth.env["AUTH_CORS_ORIGINS"] = f"http://127.0.0.1:{chat.port}"
-    try:
-        auth.start()
-        chat.start()
+    with page_services(tmp_path, keys, transport=transport, ws_deflate=ws_deflate) as (_, chat):
         yield chat
-    finally:
-        chat.kill()
-        auth.kill()
 
 
 @pytest.mark.parametrize("ws_deflate", ["shared"])

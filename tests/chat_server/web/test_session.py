@@ -22,8 +22,8 @@ import pytest
 
 from chatlab.harness import AuthProcess, KeyPair, ServerProcess
 from tests.support import CHROMIUM, say_acked, wait_until
-from tests.support.auth import TEST_SETTINGS, metric_sum
-from tests.support.browser import CHROMEDRIVER, PASSWORD, Browser, browsers
+from tests.support.auth import metric_sum
+from tests.support.browser import CHROMEDRIVER, PASSWORD, Browser, browsers, page_services
 
 pytestmark = pytest.mark.skipif(
     shutil.which(CHROMEDRIVER) is None or shutil.which(CHROMIUM) is None,
@@ -53,25 +53,13 @@ def site(
 ) -> Iterator[tuple[AuthProcess, ServerProcess]]:
     """An auth service issuing 3-second access tokens, and a chat server whose page names it;
     the page may be opened at ``127.0.0.1`` or at ``localhost``."""
-    root = tmp_path_factory.mktemp("session")
-    (root / "auth").mkdir()
-    (root / "chat").mkdir()
-    auth = AuthProcess(root / "auth", **TEST_SETTINGS, TOKEN_TTL_S=str(TOKEN_TTL_S))
-    chat = ServerProcess(
-        root / "chat",
+    with page_services(
+        tmp_path_factory.mktemp("session"),
         keys,
-        event_loop="asyncio",
-        jwt_public_key=str(auth.public_path),
-        auth_public_url=auth.url(),
-    )
-    auth.env["AUTH_CORS_ORIGINS"] = f"http://127.0.0.1:{chat.port},http://localhost:{chat.port}"
-    try:
-        auth.start()
-        chat.start()
-        yield auth, chat
-    finally:
-        chat.kill()
-        auth.kill()
+        {"TOKEN_TTL_S": str(TOKEN_TTL_S)},
+        page_hosts=("127.0.0.1", "localhost"),
+    ) as services:
+        yield services
 
 
 def _refreshes(auth: AuthProcess) -> float:
