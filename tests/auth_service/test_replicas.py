@@ -110,7 +110,7 @@ async def test_a_replica_killed_under_login_load_loses_no_registration(
                 if client.register(name, PASSWORD):
                     with lock:
                         created.append(name)
-                token = client.login(name, PASSWORD)
+                token = client.login(name, PASSWORD).access_token
             except AuthError as exc:
                 with lock:
                     failures.append(f"{name}: {exc} ({'after' if killed.is_set() else 'before'})")
