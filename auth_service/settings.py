@@ -22,10 +22,11 @@ import argon2
 from chatlab.forwarded import TRUSTED_PROXIES_SPEC, TrustedProxies
 from chatlab.log_redaction import redact
 from chatlab.settings import (
+    EVENT_LOOP_SPEC,
+    LOG_LEVEL_SPEC,
     SettingError,
     Spec,
     SpecSettings,
-    choice,
     integer,
     number,
     specs_help,
@@ -334,20 +335,8 @@ SPECS: tuple[Spec, ...] = (
         _origins,
         "origins whose pages may call the API from a browser (CORS), comma-separated",
     ),
-    Spec(
-        "EVENT_LOOP",
-        "event_loop",
-        "uvloop",
-        choice("asyncio", "uvloop"),
-        "event loop implementation",
-    ),
-    Spec(
-        "LOG_LEVEL",
-        "log_level",
-        "info",
-        choice("debug", "info", "warning", "error"),
-        "logging level",
-    ),
+    EVENT_LOOP_SPEC,
+    LOG_LEVEL_SPEC,
 )
 
 

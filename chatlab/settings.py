@@ -200,6 +200,24 @@ class Spec:
     help: str
 
 
+#: settings both services read with the same name, default and values (one ``.env``
+#: serves both)
+EVENT_LOOP_SPEC = Spec(
+    "EVENT_LOOP",
+    "event_loop",
+    "uvloop",
+    choice("asyncio", "uvloop"),
+    "event loop implementation",
+)
+LOG_LEVEL_SPEC = Spec(
+    "LOG_LEVEL",
+    "log_level",
+    "info",
+    choice("debug", "info", "warning", "error"),
+    "logging level",
+)
+
+
 class SpecSettings:
     """Base of a service's settings: built from its ``specs`` table, validated as a whole."""
 

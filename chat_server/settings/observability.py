@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from chatlab.settings import Spec, choice, integer, number, on_off, text
+from chatlab.settings import LOG_LEVEL_SPEC, Spec, choice, integer, number, on_off, text
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -62,11 +62,5 @@ OBSERVABILITY_SPECS: tuple[Spec, ...] = (
         "on: GET /stats (counters, host name, pids) on the chat port and X-Chatlab-Worker:"
         " <pid> on every response, for tests and the lab; off: /stats is 404, no such header",
     ),
-    Spec(
-        "LOG_LEVEL",
-        "log_level",
-        "info",
-        choice("debug", "info", "warning", "error"),
-        "logging level",
-    ),
+    LOG_LEVEL_SPEC,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from chatlab.settings import Spec, choice, integer, number, parse_core_list
+from chatlab.settings import EVENT_LOOP_SPEC, Spec, choice, integer, number, parse_core_list
 
 #: ``TRANSPORT`` values: the websocket implementations the server runs on
 TRANSPORTS = ("websockets", "picows")
@@ -37,13 +37,7 @@ PERFORMANCE_SPECS: tuple[Spec, ...] = (
         choice("json", "orjson", "protobuf"),
         "wire codec: json (stdlib), orjson, protobuf (binary frames)",
     ),
-    Spec(
-        "EVENT_LOOP",
-        "event_loop",
-        "uvloop",
-        choice("asyncio", "uvloop"),
-        "event loop implementation",
-    ),
+    EVENT_LOOP_SPEC,
     Spec(
         "WS_DEFLATE",
         "ws_deflate",
