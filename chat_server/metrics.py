@@ -49,6 +49,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from chat_server.errors import ErrorCode
+from chat_server.overload import LoadShedder
 from chat_server.tail import (
     COMMIT_BUCKETS_S,
     PAUSE_BUCKETS_S,
@@ -107,6 +108,19 @@ GC_PAUSE_MAX = (
 LOOP_LAG = ("chat_loop_lag_seconds", "how late a 10 ms ticker on the event loop ran")
 LOOP_LAG_MAX = ("chat_loop_lag_max_seconds", "the latest the 10 ms ticker ran since start")
 COMMIT_SECONDS = ("chat_commit_seconds", "history store group commits: transaction time")
+OVERLOAD_SHEDDING = (
+    "chat_overload_shedding",
+    "1 while the process refuses new sends because its event loop is behind"
+    " (OVERLOAD_LAG_MS for OVERLOAD_INTERVAL_MS); with WORKERS, how many do",
+)
+OVERLOAD_REFUSED = (
+    "chat_overload_refused",
+    "sends answered unavailable because the event loop was behind (not stored)",
+)
+OVERLOAD_EPISODES = (
+    "chat_overload_episodes",
+    "times the process began refusing sends because its event loop was behind",
+)
 STORE_QUEUE_DEPTH = (
     "chat_store_queue_depth",
     "messages accepted and waiting for their group commit",
@@ -182,6 +196,7 @@ class Counters:
         "frames_in",
         "gc",
         "loop_lag",
+        "overload",
     )
 
     def __init__(self) -> None:
@@ -191,6 +206,8 @@ class Counters:
         self.commit_seconds = PlainHistogram(COMMIT_BUCKETS_S)
         self.gc = GcWatch()
         self.loop_lag = LoopLagTicker()
+        #: the load shedder (:mod:`chat_server.overload`); the wiring gives it its settings
+        self.overload = LoadShedder(0.0, 0.0)
 
     def tail_summary(self) -> dict[str, Any]:
         """GC pauses, loop lag, commit times and delivery latency in brief, for ``/stats``."""
@@ -204,6 +221,13 @@ class Counters:
                 ],
             },
             "commit": self.commit_seconds.summary(),
+            "overload": {
+                "shedding": self.overload.shedding,
+                "refused": self.overload.refused,
+                "episodes": self.overload.episodes,
+                "lag_ms": round(self.overload.target_s * 1e3),
+                "interval_ms": round(self.overload.interval_s * 1e3),
+            },
         }
 
 
@@ -260,6 +284,10 @@ class ChatCollector:
             longest.add_metric([str(generation)], histogram.max)
         yield longest
         yield GaugeMetricFamily(*LOOP_LAG_MAX, value=counters.loop_lag.lag.max)
+        overload = counters.overload
+        yield GaugeMetricFamily(*OVERLOAD_SHEDDING, value=int(overload.shedding))
+        yield CounterMetricFamily(*OVERLOAD_REFUSED, value=overload.refused)
+        yield CounterMetricFamily(*OVERLOAD_EPISODES, value=overload.episodes)
         yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
         if store.get("primaries_short_of_replicas") is not None:
             yield GaugeMetricFamily(*SHORT_OF_REPLICAS, value=store["primaries_short_of_replicas"])
@@ -418,6 +446,9 @@ class MetricsPublisher:
             *GC_PAUSE, ["generation"], registry=None, buckets=PAUSE_BUCKETS_S
         )
         self._queue_depth = Gauge(*STORE_QUEUE_DEPTH, registry=None, multiprocess_mode="livesum")
+        self._shedding = Gauge(*OVERLOAD_SHEDDING, registry=None, multiprocess_mode="livesum")
+        self._refused = Counter(*OVERLOAD_REFUSED, registry=None)
+        self._episodes = Counter(*OVERLOAD_EPISODES, registry=None)
         # each worker commits to the same primaries: the most any live worker sees short
         self._short_of_replicas = Gauge(
             *SHORT_OF_REPLICAS, registry=None, multiprocess_mode="livemax"
@@ -507,6 +538,9 @@ class MetricsPublisher:
             )
             self._gc_pause_max.labels(str(generation)).set(plain.max)
         self._loop_lag_max.set(counters.loop_lag.lag.max)
+        self._shedding.set(int(counters.overload.shedding))
+        self._grow(self._refused, "overload_refused", counters.overload.refused)
+        self._grow(self._episodes, "overload_episodes", counters.overload.episodes)
         for task, count in supervisor().failures.items():
             self._grow(self._task_failures.labels(task), f"task {task}", count)
         if self._jwks is not None and self._jwks_gauges is not None:

@@ -213,6 +213,7 @@ class Server:
         self._log_listening(transport.port, service.recent_sends)
         # after the line naming the toggles, which the README promises comes first
         counters = service.counters
+        counters.loop_lag.listeners.append(counters.overload.observe)
         start_tail(
             counters.gc,
             counters.loop_lag,

@@ -40,6 +40,7 @@ from chat_server.errors import (
 )
 from chat_server.messages import History, HistoryRequest, Join, Leave, Message, Send
 from chat_server.metrics import Counters
+from chat_server.overload import REFUSAL
 from chat_server.store.base import BatchResult, HistoryStore, StoreStats
 from chatlab.supervision import supervisor
 
@@ -98,6 +99,7 @@ class ChatService:
         self._replays: dict[tuple[Session, str], asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gate = delivery.gate
+        self._shedder = counters.overload
         self._blocking_send_s = blocking_send_s
         self._release = release
         # chosen once here: the handler of each message kind
@@ -231,6 +233,9 @@ class ChatService:
     # ---- handlers --------------------------------------------------------------------
 
     def _send(self, session: Session, message: Send) -> None:
+        if self._shedder.refusing(time.monotonic()):  # the loop is behind: refuse, no work done
+            self._shedder.refuse()
+            raise Unavailable(REFUSAL, message.ref)
         stored = self.core.accept_send(session, message, time.time_ns() // 1_000_000)
         if self.draining:
             raise Unavailable("server is shutting down", message.ref)
@@ -249,9 +254,11 @@ class ChatService:
 
         The classic ``time.sleep`` where ``await asyncio.sleep`` was meant (or a
         synchronous database or HTTP client inside a handler): every connection
-        waits while it runs.
+        waits while it runs. A send the load shedder refuses does none of the handler's
+        work, so it does not block either.
         """
-        time.sleep(self._blocking_send_s)
+        if not self._shedder.refusing(time.monotonic()):
+            time.sleep(self._blocking_send_s)
         self._send(session, message)
 
     def _join(self, session: Session, message: Join) -> None:

@@ -165,13 +165,13 @@ class LoopLagTicker:
     """A callback every :data:`LOOP_TICK_S` that records how late it ran (``lag``).
 
     Whatever holds the loop (a GC pause, a long batch, a blocking call) shows as
-    lateness here, whatever its cause. ``on_tick(lag_s)`` is called after each
-    tick (the quiet collector listens).
+    lateness here, whatever its cause. Each of ``listeners`` is called with the lag
+    after each tick (the quiet collector and the load shedder listen).
     """
 
-    def __init__(self, on_tick: Callable[[float], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.lag = PlainHistogram(PAUSE_BUCKETS_S)
-        self.on_tick = on_tick
+        self.listeners: list[Callable[[float], None]] = []
         #: ``(unix time, lag s)`` of the last ticks late by :data:`NOTABLE_LAG_S` or more
         self.notable: deque[tuple[float, float]] = deque(maxlen=NOTABLE_KEPT)
         self._due = 0.0
@@ -200,8 +200,8 @@ class LoopLagTicker:
         if lag >= NOTABLE_LAG_S:
             self.notable.append((time.time(), lag))
         self._schedule()
-        if self.on_tick is not None:
-            self.on_tick(lag)
+        for listener in self.listeners:
+            listener(lag)
 
 
 class QuietCollector:
@@ -257,7 +257,7 @@ def start_tail(
     quiet = None
     if policy == "tuned":
         quiet = QuietCollector(activity, QUIET_MIN_INTERVAL_S, full_interval_s)
-        ticker.on_tick = quiet.on_tick
+        ticker.listeners.append(quiet.on_tick)
     ticker.start()
     apply_gc_policy(policy)
     return quiet

@@ -28,6 +28,7 @@ from chat_server.core.idempotency import RecentSends
 from chat_server.delivery.base import Delivery
 from chat_server.delivery.local import LocalDelivery
 from chat_server.metrics import Counters
+from chat_server.overload import LoadShedder
 from chat_server.regressions import Regression
 from chat_server.service import ChatService, Worker
 from chat_server.settings import Settings
@@ -65,6 +66,9 @@ def build_service(
     if regression is None:
         regression = Regression.of(settings)
     counters = Counters()
+    counters.overload = LoadShedder(
+        settings.overload_lag_ms / 1000, settings.overload_interval_ms / 1000
+    )
     if settings.broker == "redis":
         backend = _redis_backend(settings, worker, regression, counters)
     else:

@@ -131,6 +131,8 @@ class Settings(SpecSettings):
     drain_notice_s: float
     ping_interval_s: float
     ping_timeout_s: float
+    overload_lag_ms: int
+    overload_interval_ms: int
     log_level: str
     worker_seat: str
 

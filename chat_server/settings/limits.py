@@ -134,4 +134,20 @@ LIMITS_SPECS: tuple[Spec, ...] = (
         number(0),
         "a peer that does not answer a ping within this is closed with 1011",
     ),
+    Spec(
+        "OVERLOAD_LAG_MS",
+        "overload_lag_ms",
+        "50",
+        integer(0),
+        "the event loop this far behind (a 10-ms ticker this late) at every tick for"
+        " OVERLOAD_INTERVAL_MS: new sends get unavailable until a tick is on time (0: never)",
+    ),
+    Spec(
+        "OVERLOAD_INTERVAL_MS",
+        "overload_interval_ms",
+        "100",
+        integer(1),
+        "how long the loop must stay OVERLOAD_LAG_MS behind before sends are refused: a"
+        " standing queue, not one long pause",
+    ),
 )
