@@ -21,8 +21,12 @@ limit too (generator-limited) is named with why, and not counted.
 
 ``--relay`` adds the bare websockets relay (``bench.relay``) as one more variant, run
 the same way: how much of the tail the transport and the host make with no chat server
-at all. It has no metrics: of it the runs know the driver's figures, its CPU (psutil),
-its loop's wait for its core and the host's steal. ``--server-root PATH`` (repeatable)
+at all. By default it is the transport's floor relay (``--relay coalesced``: each
+message framed once, one write per member per loop iteration, as the chat server
+writes), the relay the lab compares the server with; ``--relay recv-broadcast`` runs the
+relay as usually written (``async for message in conn: broadcast``), and both may be
+given. A relay has no metrics: of it the runs know the driver's figures, its CPU
+(psutil), its loop's wait for its core and the host's steal. ``--server-root PATH`` (repeatable)
 runs the chat server's code from another checkout, each one a variant: before and after
 a change, interleaved, with this harness (a server from before the metrics it reads gets
 its CPU from psutil, and the summary says what was not measured).
@@ -84,8 +88,24 @@ from chatlab.settings import parse_core_list
 SERVER_ROOT = "server_root"
 #: what ``--of-capacity``'s climb holds: the lab's headline SLO
 CAPACITY_SLO_MS = {"p99": 100.0}
-#: the ``--relay`` variant: the bare websockets relay (``bench.relay``), not a chat server
-RELAY = {"target": "relay"}
+#: the ``--relay`` modes (``bench.relay_base.MODES`` on websockets): the transport's floor
+#: (each message framed once, one write per member per loop iteration; the default, what
+#: the lab compares the chat server with) and the relay as it is usually written
+RELAY_MODES = ("coalesced", "recv-broadcast")
+
+
+def relay_variant(mode: str) -> dict[str, str]:
+    """The ``--relay MODE`` variant: the bare websockets relay (``bench.relay``) in ``mode``."""
+    return {"target": "relay", "mode": mode}
+
+
+def is_relay(env: dict[str, str]) -> bool:
+    """Whether the variant ``env`` is a bare relay, not a chat server."""
+    return env.get("target") == "relay"
+
+
+#: the ``--relay`` variant without a mode: the websockets floor relay
+RELAY = relay_variant("coalesced")
 
 
 @dataclass(frozen=True)
@@ -103,8 +123,9 @@ def start_server(
     """A fresh chat server pinned to ``--server-core`` with ``env`` (or, for :data:`RELAY`,
     the bare websockets relay: uvloop, deflate off); it, what the driver loads, and its
     metrics port (None: the relay has none)."""
-    if env == RELAY:
-        relay = RelayProcess(workdir, parse_core_list(args.server_core) or []).start()
+    if is_relay(env):
+        cores = parse_core_list(args.server_core) or []
+        relay = RelayProcess(workdir, cores, mode=env.get("mode")).start()
         return relay, Target("relay", relay.url), None
     root = env.get(SERVER_ROOT)
     env = {k: v for k, v in env.items() if k != SERVER_ROOT}
@@ -374,8 +395,8 @@ def one_run(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> Tai
 
 def variant_name(env: dict[str, str]) -> str:
     """``GC_POLICY=tuned``: a variant as its settings, or ``defaults``."""
-    if env == RELAY:
-        return "websockets relay"
+    if is_relay(env):
+        return f"websockets relay ({env.get('mode', 'recv-broadcast')})"
     return " ".join(f"{n.upper()}={v}" for n, v in env.items()) or "defaults"
 
 
@@ -545,10 +566,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--relay",
-        action="store_true",
+        action="append",
+        nargs="?",
+        const="coalesced",
+        choices=RELAY_MODES,
+        default=[],
+        metavar="MODE",
         help="also run the bare websockets relay (bench.relay: uvloop, deflate off) as a"
         " variant, at --rate or at --of-capacity of its own knee: the same tail on the"
-        " transport alone, on the same host",
+        " transport alone, on the same host. MODE coalesced (without MODE): the transport's"
+        " floor, each message framed once and one write per member per loop iteration, as"
+        " the chat server writes; recv-broadcast: the relay as usually written. Repeatable",
     )
     parser.add_argument(
         "--server-root",
@@ -569,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    if args.relay:
-        variants.append(RELAY)
+    for mode in dict.fromkeys(args.relay):
+        variants.append(relay_variant(mode))
     runs = []
     header = (
         f"{'settings':<28}{'p99 ms':>8}{'max ms':>8}{'gc0/1/2':>10}{'>10ms':>7}"

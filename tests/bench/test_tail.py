@@ -316,8 +316,8 @@ def test_the_relay_variant_runs_the_bare_relay_and_says_what_it_cannot_measure(t
     assert relay["cpu_us_per_frame"] > 0
     assert relay["window_core_wait_ms_per_s"] >= 0  # may be 0, as above
     assert relay["commits"] == 0 and relay["checkpointer"] == {} and relay["late_ticks_ms"] == []
-    [row] = [x for x in result.stdout.splitlines() if x.startswith("websockets relay ")]
-    assert row.split()[4:10] == ["-"] * 6  # the server-side columns: not known
+    [row] = [x for x in result.stdout.splitlines() if x.startswith("websockets relay (coalesced) ")]
+    assert row.split()[5:11] == ["-"] * 6  # the server-side columns: not known
     assert "max under 50 ms (its GC pauses and errors are not measured): held in" in result.stdout
     assert "defaults: 1 run(s) at 300 sends/s" in result.stdout
 
@@ -325,7 +325,7 @@ def test_the_relay_variant_runs_the_bare_relay_and_says_what_it_cannot_measure(t
 def test_the_summary_of_the_relay_does_not_claim_gc_or_errors_were_checked():
     relay = [_run(1, 20.0, env=RELAY, server_metrics=False)]
     lines = summary(relay, bound_ms=50)
-    assert lines[0].startswith("websockets relay: 1 run(s) at 6620 sends/s")
+    assert lines[0].startswith("websockets relay (coalesced): 1 run(s) at 6620 sends/s")
     assert lines[1] == (
         "    max under 50 ms (its GC pauses and errors are not measured): held in 1 of the 1"
         " run(s) the driver kept pace with"
