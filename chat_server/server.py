@@ -213,7 +213,6 @@ class Server:
         self._log_listening(transport.port, service.recent_sends)
         # after the line naming the toggles, which the README promises comes first
         counters = service.counters
-        counters.loop_lag.listeners.append(counters.overload.observe)
         start_tail(
             counters.gc,
             counters.loop_lag,
@@ -221,6 +220,10 @@ class Server:
             settings.gc_policy,
             settings.gc_full_interval_s,
         )
+        # after the quiet collector's listener: a full collection it runs at a tick counts
+        # in the next tick's lag (one late tick, which never sheds), not as time the loop
+        # was held since this one (which would refuse the sends handled after it)
+        counters.loop_lag.listeners.append(counters.overload.observe)
         stack.callback(counters.gc.uninstall)
         stack.callback(counters.loop_lag.stop)
         return transport, service
