@@ -551,6 +551,8 @@ def plot(runs: list[dict[str, Any]], schedule: Schedule, slo_ms: float, out_png:
     axis) against time, the overload shaded and the SLO drawn."""
     names = list(dict.fromkeys(run["variant"] for run in runs))
     fig, axes = new_figure(len(names), row_height=3.2, sharex=True)
+    # one refused/s scale for every panel, so that the variants compare at a glance
+    most_refused = max(r["refused_per_s"] or 0.0 for run in runs for r in run["seconds"])
     for ax, name in zip(axes, names, strict=True):
         first = next(r for r in runs if r["variant"] == name)
         ax.axvspan(first["over_start_s"], first["drop_s"], color="tab:red", alpha=0.08)
@@ -566,7 +568,7 @@ def plot(runs: list[dict[str, Any]], schedule: Schedule, slo_ms: float, out_png:
         ax.set_yscale("log")
         ax.set_ylabel("fan-out p99 (ms)")
         refused_ax.set_ylabel("sends refused/s")
-        refused_ax.set_ylim(bottom=0)
+        refused_ax.set_ylim(0, max(10.0, 1.1 * most_refused))
         ax.set_title(
             f"{name}: {schedule.under_rate:g} → {schedule.over_rate:g} → "
             f"{schedule.under_rate:g} sends/s (overload shaded)",

@@ -183,7 +183,12 @@ def test_a_short_overload_refuses_sends_with_the_shedder_and_none_without(tmp_pa
     assert without["verdict"]["over_unavailable"] == 0
     assert shedding["verdict"]["server_refused"] > 0
     assert shedding["verdict"]["over_unavailable"] > 0
+    # the backlog the server without shedding carried past the drop is seen after it:
+    # each delivery counts to the second it arrived in (the driver's --continuous), none
+    # is lost to the step that sent it at a step's end
+    assert without["verdict"]["after_p99_ms"] > 100
     for run in (without, shedding):
+        assert all("after_drain" not in step["error_detail"] for step in run["steps"])
         assert [r["phase"] for r in run["seconds"]].count("over") >= 3
         assert run["verdict"]["queue_depth_max"] is not None
         assert run["verdict"]["over_sent"] > 0
