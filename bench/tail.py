@@ -206,9 +206,11 @@ def drive(
     log_path: Path,
     timeout_s: float,
     t0_monotonic: float | None = None,
+    continuous: bool = False,
 ) -> int:
     """Run the lab's fast driver with ``load`` against ``target`` on ``--driver-core``,
-    its output in ``log_path``; its exit status."""
+    its output in ``log_path``; its exit status. ``continuous``: the driver's
+    ``--continuous`` (a delivery counts to the step it arrives in)."""
     command = fast_driver(
         load,
         target=target.kind,
@@ -218,6 +220,7 @@ def drive(
         token_file=target.token_file,
         json_out=json_out,
         t0_monotonic=t0_monotonic,
+        continuous=continuous,
     ).command()
     with log_path.open("w") as log:
         return subprocess.run(

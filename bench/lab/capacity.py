@@ -72,6 +72,7 @@ def fast_driver(
     server_cores: str = "off",
     ca_file: str = "",
     proxy_pid: int | None = None,
+    continuous: bool = False,
 ) -> DriverArgs:
     """The fast driver's arguments for ``load`` against ``url`` (a climb where ``load``
     climbs), for a target with the toggles ``env``."""
@@ -108,6 +109,7 @@ def fast_driver(
         # proxy's CPU is read beside the server's
         ca_file=ca_file,
         proxy_pid=proxy_pid,
+        continuous=continuous,
     )
 
 

@@ -555,6 +555,7 @@ def test_the_one_builder_of_the_drivers_command_line_reads_back_to_the_same_valu
         server_pid=os.getpid(),
         lab_pid=os.getppid(),
         retry=True,
+        continuous=True,
         server_cores="0",
         ca_file=str(tokens),
         proxy_pid=os.getpid(),
@@ -565,6 +566,7 @@ def test_the_one_builder_of_the_drivers_command_line_reads_back_to_the_same_valu
     assert (config.step_s, config.warmup_s, config.drain_s) == (1.5, 0.5, 0.25)
     assert config.cores == (1,) and config.tokens == ("t",) and config.json_out == built.json_out
     assert config.t0_monotonic == 12.345678 and config.deflate and config.retry
+    assert config.continuous
     assert config.climb_slo == {"p99": 100.0}
     assert (config.factor, config.resolution, config.max_rate) == (1.6, 0.1, 4000.0)
     assert (config.cost_rates, config.cost_step_s) == ((50.0, 75.0), 3.0)

@@ -19,7 +19,10 @@ histogram of microseconds (1 us to 60 s, 3 significant digits).
 
 Deliveries count to the step whose send phase scheduled them, during the step and
 its ``--drain-s``; one later than that is lost to the step (``error_detail``
-``after_drain``, not counted in ``errors``). Errors are error frames by code,
+``after_drain``, not counted in ``errors``). With ``--continuous`` (steps back to back,
+``--drain-s 0``: a rate change at one instant) a delivery counts instead to the step and
+the timeline second it arrives in, whichever step sent it, so a backlog one rate left
+shows in the next step's latency. Errors are error frames by code,
 unexpected closes (``closed 1013``) and sends dropped because a connection's
 unsent bytes passed a bound (``send_buffer_full``). Acks (chat) are matched to
 sends in order per connection for ``ack_latency_ms`` (approximate when errors

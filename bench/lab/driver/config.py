@@ -48,6 +48,9 @@ class DriverConfig:
     connect_timeout_s: float
     t0_monotonic: float | None = None
     retry: bool = False
+    # steps back to back: a delivery counts to the step it arrives in, whichever step
+    # scheduled it (one timeline across a rate change, bench.overload)
+    continuous: bool = False
     deflate: bool = False  # offer permessage-deflate (RFC 7692) as browsers do
     climb_slo: dict[str, float] | None = None  # climb to the knee instead of fixed rates
     factor: float = 1.4  # climb: rate multiplier while the SLO holds
@@ -184,6 +187,14 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         action="store_true",
         help="chat: sends carry a ref; resend after unavailable, reopen and resend after a "
         "dropped connection [off]",
+    )
+    parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="steps are one window: a delivery counts to the step (and timeline second)"
+        " it arrives in, whichever step sent it, so a backlog left by one rate shows in"
+        " the next step's latency (use with --drain-s 0); a step's delivered then differs"
+        " from its expected [off: to the step that sent it, during its drain]",
     )
     parser.add_argument(
         "--deflate",
@@ -333,6 +344,7 @@ def parse_args(argv: list[str] | None = None) -> DriverConfig:
         cores=cores,
         event_loop=args.event_loop,
         retry=args.retry and target == "chat",
+        continuous=args.continuous,
         connect_timeout_s=args.connect_timeout_s,
         t0_monotonic=args.t0_monotonic,
         deflate=args.deflate == "on",
@@ -384,6 +396,7 @@ class DriverArgs:
     server_pid: int | None = None
     lab_pid: int | None = None
     retry: bool = False
+    continuous: bool = False
     server_cores: str = "off"
     body_chars: int | None = None
     ca_file: str = ""
@@ -426,6 +439,8 @@ class DriverArgs:
             args += ["--deflate", "on"]
         if self.retry:
             args.append("--retry")
+        if self.continuous:
+            args.append("--continuous")
         return args
 
     def command(self) -> list[str]:

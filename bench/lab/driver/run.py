@@ -432,8 +432,8 @@ class Driver:
         # (every cost step's worst send lag was ~20 ms) and bunched them
         window_before = self._window_counters()
         start_ns = perf_counter_ns()
-        if recorded:
-            self.window_start_ns = start_ns
+        if recorded and not (self.config.continuous and self.window_start_ns < 2**63):
+            self.window_start_ns = start_ns  # --continuous: the first recorded step's start
         recorder.start_ns = start_ns
         if self.config.t0_monotonic is not None:
             recorder.started_s = round((start_ns - self.origin_ns) / 1e9, 3)
