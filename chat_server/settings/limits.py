@@ -137,7 +137,7 @@ LIMITS_SPECS: tuple[Spec, ...] = (
     Spec(
         "OVERLOAD_LAG_MS",
         "overload_lag_ms",
-        "50",
+        "10",
         integer(0),
         "the event loop this far behind (a 10-ms ticker this late) at every tick for"
         " OVERLOAD_INTERVAL_MS: new sends get unavailable until a tick is on time (0: never)",
@@ -145,7 +145,7 @@ LIMITS_SPECS: tuple[Spec, ...] = (
     Spec(
         "OVERLOAD_INTERVAL_MS",
         "overload_interval_ms",
-        "100",
+        "20",
         integer(1),
         "how long the loop must stay OVERLOAD_LAG_MS behind before sends are refused: a"
         " standing queue, not one long pause",
