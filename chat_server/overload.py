@@ -26,6 +26,14 @@ when no tick has run for ``target_s + interval_s``, the loop has been behind by 
 the target for the interval as surely as late ticks would have said, and the sends
 still being handled in that iteration are refused with the rest.
 
+Behind is not always overloaded: on a shared host the loop can be late because the host
+took its vCPU (steal) or a handler slept, and refusing sends would not give that time
+back. So shedding starts only when the loop's own thread wanted a CPU for at least
+:data:`BUSY_SHARE` of the time it was behind: running, or runnable and waiting for a CPU
+another process held (both from the thread's schedstat, :func:`demand_clock`; steal is
+neither), against the wall clock over the same span. A server with more work than its
+share of a core sheds; one that was paused or asleep does not.
+
 A refused send costs its decode and an error frame, a small part of an accepted one's
 commit, ack and fan-out, so shedding frees the loop: the accepted sends are served
 within about the target, and the rest are told at once to come back.
@@ -36,10 +44,17 @@ Only sends are shed: joins, history pages and presence are bounded on their own
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("chat_server.overload")
 
+#: the loop thread's time running or runnable over the span it was behind, as a share
+#: of that span, at least: an overload (its own work holds it), not the host or a sleep
+BUSY_SHARE = 0.8
+#: the calling thread's scheduler statistics: run and wait (runnable) time, in ns
+SCHEDSTAT = "/proc/thread-self/schedstat"
 #: the refusal's detail, as the client reads it
 REFUSAL = "server overloaded: retry later with the same ref"
 #: while an overload lasts, one log line per this many seconds
@@ -64,7 +79,12 @@ class LoadShedder:
     :data:`OVER_AFTER_S`, with what it refused and how far behind the loop was.
     """
 
-    def __init__(self, target_s: float, interval_s: float) -> None:
+    def __init__(
+        self,
+        target_s: float,
+        interval_s: float,
+        cpu_clock: Callable[[], float] | None = None,
+    ) -> None:
         if target_s < 0 or interval_s < 0:
             raise ValueError("the target and the interval cannot be negative")
         self.target_s = target_s
@@ -76,6 +96,10 @@ class LoadShedder:
         self._late_since: float | None = None
         #: when the last tick ran (None: none yet)
         self._last_tick: float | None = None
+        #: the loop thread's CPU time then, and when the run of late ticks began
+        self._cpu_clock = cpu_clock or demand_clock()
+        self._last_cpu = 0.0
+        self._late_cpu = 0.0
         #: the overload being logged: (began, episodes and refused then); None: none
         self._overload: tuple[float, int, int] | None = None
         self._last_shed = 0.0
@@ -87,34 +111,46 @@ class LoadShedder:
         """False when ``OVERLOAD_LAG_MS`` is 0."""
         return self.target_s > 0
 
-    def observe(self, lag_s: float, now: float | None = None) -> None:
-        """One tick ``lag_s`` late at ``now`` (monotonic seconds)."""
+    def observe(self, lag_s: float, now: float | None = None, cpu: float | None = None) -> None:
+        """One tick ``lag_s`` late at ``now`` (monotonic seconds), the loop thread's CPU
+        time then ``cpu`` (seconds; read from the clock when not given)."""
         if not self.enabled:
             return
         if now is None:
             now = time.monotonic()
-        self._last_tick = now
+        if cpu is None:
+            cpu = self._cpu_clock()
+        self._last_tick, self._last_cpu = now, cpu
         if lag_s < self.target_s:
             self._late_since = None
             self.shedding = False
         else:
             if self._late_since is None:
-                self._late_since = now
+                self._late_since, self._late_cpu = now, cpu
             if not self.shedding and now - self._late_since >= self.interval_s:
-                self._start(lag_s, now)
+                if _busy(self._late_cpu, cpu, now - self._late_since):
+                    self._start(lag_s, now)
+                else:  # behind, but not from its own work: judge the next span afresh
+                    self._late_since, self._late_cpu = now, cpu
         if self._overload is not None:
             self._log_overload(lag_s, now)
 
-    def refusing(self, now: float) -> bool:
+    def refusing(self, now: float, cpu: float | None = None) -> bool:
         """Whether a send handled at ``now`` (monotonic seconds) is refused: while
-        shedding, or when no tick has run for ``target_s + interval_s`` (the loop held by
-        one long iteration: shedding starts here, and the ticks end it)."""
+        shedding, or when no tick has run for ``target_s + interval_s`` and the loop's
+        thread was busy for :data:`BUSY_SHARE` of that time (``cpu``: its CPU time now,
+        read when needed if not given): one long iteration of its own work. Shedding
+        starts here, and the ticks end it."""
         if self.shedding:
             return True
         last = self._last_tick
         if last is None or not self.enabled or now - last < self.target_s + self.interval_s:
             return False
-        self._late_since = last + self.target_s
+        if cpu is None:
+            cpu = self._cpu_clock()
+        if not _busy(self._last_cpu, cpu, now - last):
+            return False
+        self._late_since, self._late_cpu = last + self.target_s, self._last_cpu
         self._start(now - last, now)
         return True
 
@@ -167,3 +203,28 @@ class LoadShedder:
                 self.episodes - episodes,
                 self._worst_lag_s * 1e3,
             )
+
+
+def _busy(cpu_before: float, cpu_now: float, span_s: float) -> bool:
+    """Whether the loop's thread ran for at least :data:`BUSY_SHARE` of ``span_s``."""
+    return span_s <= 0 or cpu_now - cpu_before >= BUSY_SHARE * span_s
+
+
+def demand_clock() -> Callable[[], float]:
+    """A clock of the calling thread's demand for a CPU: seconds it ran plus seconds it
+    was runnable and waited (Linux schedstat; 1 µs a read), opened on first use by the
+    thread that reads it (the event loop's); the thread's CPU time where there is no
+    schedstat."""
+    fd: int | None = None
+
+    def read() -> float:
+        nonlocal fd
+        try:
+            if fd is None:
+                fd = os.open(SCHEDSTAT, os.O_RDONLY)
+            run_ns, wait_ns, _ = os.pread(fd, 128, 0).split()
+        except (OSError, ValueError):
+            return time.thread_time()
+        return (int(run_ns) + int(wait_ns)) / 1e9
+
+    return read

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from chat_server.settings import Settings
 
-#: REGRESSION=blocking_loop: how long each send blocks the event loop
+#: REGRESSION=blocking_loop: how long each send blocks the event loop (sleeping)
 BLOCKING_LOOP_S = 0.001
+#: REGRESSION=cpu_per_send: how much CPU each send burns on the event loop
+CPU_PER_SEND_S = 0.001
 
 #: the module serving REGRESSION=auth_inline's POST /login, beside the auth service
 INLINE_LOGIN_MODULE = "auth_service.inline"
@@ -48,8 +50,10 @@ class Regression:
     commit_per_message: bool = False
     #: ``encode_per_recipient``: a broadcast encoded again for every member
     encode_per_recipient: bool = False
-    #: ``blocking_loop``: each send blocks the event loop this long first (s)
+    #: ``blocking_loop``: each send blocks the event loop this long first (s), asleep
     blocking_send_s: float = 0.0
+    #: ``cpu_per_send``: each send first burns this much CPU on the event loop (s)
+    busy_send_s: float = 0.0
     #: ``deflate_max_window``: permessage-deflate with zlib's largest window and memLevel
     deflate_max_window: bool = False
     #: ``auth_inline``: the chat server also serves POST /login, hashing on its own loop
@@ -64,6 +68,7 @@ class Regression:
             commit_per_message=name == "commit_per_message",
             encode_per_recipient=name == "encode_per_recipient",
             blocking_send_s=BLOCKING_LOOP_S if name == "blocking_loop" else 0.0,
+            busy_send_s=CPU_PER_SEND_S if name == "cpu_per_send" else 0.0,
             deflate_max_window=name == "deflate_max_window",
             inline_login=name == "auth_inline",
         )

@@ -64,7 +64,8 @@ class ChatService:
     """One process's chat: sessions, rooms, durable history and fan-out.
 
     ``delivery`` delivers what the store commits (here or through the broker).
-    ``blocking_send_s`` is REGRESSION=blocking_loop's stall before each send (0: none).
+    ``blocking_send_s`` is REGRESSION=blocking_loop's stall before each send (0: none),
+    ``busy_send_s`` REGRESSION=cpu_per_send's CPU burnt before each send (0: none).
     ``release`` is awaited after the store and broker close, or when they fail to
     start (the Redis client both share).
     """
@@ -82,6 +83,7 @@ class ChatService:
         worker: Worker,
         max_history_bytes: int,
         blocking_send_s: float = 0.0,
+        busy_send_s: float = 0.0,
         release: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
         self.codec = codec
@@ -101,10 +103,11 @@ class ChatService:
         self._gate = delivery.gate
         self._shedder = counters.overload
         self._blocking_send_s = blocking_send_s
+        self._busy_send_s = busy_send_s
         self._release = release
         # chosen once here: the handler of each message kind
         self._handlers: dict[type, Callable[[Session, Any], None]] = {
-            Send: self._send if not blocking_send_s else self._send_blocking,
+            Send: self._send if not (blocking_send_s or busy_send_s) else self._send_blocking,
             Join: self._join,
             Leave: self._leave,
             HistoryRequest: self._history,
@@ -250,15 +253,23 @@ class ChatService:
             self.recent_sends.submitted(stored)
 
     def _send_blocking(self, session: Session, message: Send) -> None:
-        """REGRESSION=blocking_loop: a blocking call on the event loop before each send.
+        """REGRESSION=blocking_loop or cpu_per_send: a blocking call on the event loop
+        before each send.
 
-        The classic ``time.sleep`` where ``await asyncio.sleep`` was meant (or a
-        synchronous database or HTTP client inside a handler): every connection
-        waits while it runs. A send the load shedder refuses does none of the handler's
-        work, so it does not block either.
+        ``blocking_loop`` sleeps: the classic ``time.sleep`` where ``await asyncio.sleep``
+        was meant (or a synchronous database or HTTP client inside a handler), the core
+        idle while every connection waits. ``cpu_per_send`` computes: a CPU-heavy
+        synchronous call in the handler (a password hash, a pure-Python parser), the core
+        busy. A send the load shedder refuses does none of the handler's work, so it
+        does not block either.
         """
         if not self._shedder.refusing(time.monotonic()):
-            time.sleep(self._blocking_send_s)
+            if self._blocking_send_s:
+                time.sleep(self._blocking_send_s)
+            if self._busy_send_s:
+                until = time.perf_counter() + self._busy_send_s
+                while time.perf_counter() < until:
+                    pass
         self._send(session, message)
 
     def _join(self, session: Session, message: Join) -> None:

@@ -96,6 +96,7 @@ def build_service(
         worker=worker,
         max_history_bytes=settings.max_history_bytes,
         blocking_send_s=regression.blocking_send_s,
+        busy_send_s=regression.busy_send_s,
         release=backend.release,
     )
 

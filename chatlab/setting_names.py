@@ -58,6 +58,8 @@ CHAT_SERVER = frozenset(
         "MAX_PROTOCOL_ERRORS",
         "MAX_ROOMS_PER_CONNECTION",
         "METRICS_PORT",
+        "OVERLOAD_INTERVAL_MS",
+        "OVERLOAD_LAG_MS",
         "PARTIAL_MESSAGE_TIMEOUT_S",
         "PING_INTERVAL_S",
         "PING_TIMEOUT_S",

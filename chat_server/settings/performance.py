@@ -15,6 +15,7 @@ REGRESSIONS = (
     "commit_per_message",
     "encode_per_recipient",
     "blocking_loop",
+    "cpu_per_send",
     "auth_inline",
     "deflate_max_window",
 )

@@ -2,9 +2,10 @@
 ``unavailable`` (not stored) while the loop is behind, and the rest are served.
 
 The load shedder's control law is pure (:class:`LoadShedder`: examples and a model
-check); a real server is pushed past its capacity by clients that send faster than
-``REGRESSION=blocking_loop`` (each send holds the loop 1 ms: at most ~1,000 sends/s)
-lets it handle, on each transport.
+check; ``cpu`` is the loop thread's demand clock, here equal to the wall clock for a loop
+working flat out); a real server is pushed past its capacity by clients that send faster
+than ``REGRESSION=cpu_per_send`` (each send burns 1 ms of CPU on the loop: at most ~1,000
+sends/s) lets it handle, on each transport.
 """
 
 from __future__ import annotations
@@ -28,55 +29,72 @@ INTERVAL_S = 0.1
 
 def test_one_long_pause_never_sheds():
     shedder = LoadShedder(TARGET_S, INTERVAL_S)
-    shedder.observe(0.5, now=10.0)  # a 500-ms collection: one tick, very late
+    shedder.observe(0.5, now=10.0, cpu=10.0)  # a 500-ms collection: one tick, very late
     assert not shedder.shedding
-    shedder.observe(0.0, now=10.51)
+    shedder.observe(0.0, now=10.51, cpu=10.51)
     assert not shedder.shedding
     assert shedder.episodes == 0
 
 
 def test_a_standing_lag_sheds_after_the_interval_until_a_tick_is_on_time():
     shedder = LoadShedder(TARGET_S, INTERVAL_S)
-    shedder.observe(0.06, now=0.0)
-    shedder.observe(0.06, now=0.06)
+    shedder.observe(0.06, now=0.0, cpu=0.0)
+    shedder.observe(0.06, now=0.06, cpu=0.06)
     assert not shedder.shedding  # late for 60 ms only
-    shedder.observe(0.06, now=0.12)
+    shedder.observe(0.06, now=0.12, cpu=0.12)
     assert shedder.shedding
     assert shedder.episodes == 1
-    shedder.observe(0.4, now=0.5)
+    shedder.observe(0.4, now=0.5, cpu=0.5)
     assert shedder.shedding
     assert shedder.episodes == 1
-    shedder.observe(TARGET_S - 0.001, now=0.55)
+    shedder.observe(TARGET_S - 0.001, now=0.55, cpu=0.55)
     assert not shedder.shedding
     # the next run of late ticks waits the interval again
-    shedder.observe(0.06, now=0.6)
+    shedder.observe(0.06, now=0.6, cpu=0.6)
     assert not shedder.shedding
-    shedder.observe(0.06, now=0.75)
+    shedder.observe(0.06, now=0.75, cpu=0.75)
     assert shedder.shedding
     assert shedder.episodes == 2
 
 
 def test_a_send_handled_deep_in_one_long_iteration_is_refused():
     shedder = LoadShedder(TARGET_S, INTERVAL_S)
-    assert not shedder.refusing(100.0)  # no tick yet: the ticker has not started
-    shedder.observe(0.0, now=0.0)
-    assert not shedder.refusing(0.1)  # the loop held 100 ms: under target + interval
-    assert shedder.refusing(TARGET_S + INTERVAL_S)
+    assert not shedder.refusing(100.0, cpu=100.0)  # no tick yet: the ticker has not started
+    shedder.observe(0.0, now=0.0, cpu=0.0)
+    assert not shedder.refusing(0.1, cpu=0.1)  # the loop held 100 ms: under target + interval
+    assert shedder.refusing(TARGET_S + INTERVAL_S, cpu=TARGET_S + INTERVAL_S)
     assert shedder.shedding
     assert shedder.episodes == 1
-    shedder.observe(0.3, now=0.31)  # the tick after that iteration: late, still shedding
-    assert shedder.refusing(0.32)
-    shedder.observe(0.0, now=0.33)  # on time: over
-    assert not shedder.refusing(0.34)
+    shedder.observe(0.3, now=0.31, cpu=0.31)  # the tick after that iteration: late, still shedding
+    assert shedder.refusing(0.32, cpu=0.32)
+    shedder.observe(0.0, now=0.33, cpu=0.33)  # on time: over
+    assert not shedder.refusing(0.34, cpu=0.34)
+    assert shedder.episodes == 1
+
+
+def test_a_loop_behind_but_not_busy_never_sheds_until_its_own_work_holds_it():
+    # the host took the vCPU, or a handler slept: late ticks, little demand for a CPU
+    shedder = LoadShedder(TARGET_S, INTERVAL_S)
+    for k in range(10):
+        shedder.observe(0.06, now=k * 0.06, cpu=k * 0.01)
+    assert not shedder.shedding
+    assert shedder.episodes == 0
+    # one iteration held 200 ms, but the thread ran 50 of them: not refused
+    shedder.observe(0.0, now=1.0, cpu=1.0)
+    assert not shedder.refusing(1.2, cpu=1.05)
+    # its own work from here on: the next span that is late and busy sheds
+    shedder.observe(0.06, now=1.3, cpu=1.3)
+    shedder.observe(0.06, now=1.45, cpu=1.45)
+    assert shedder.shedding
     assert shedder.episodes == 1
 
 
 def test_a_target_of_zero_never_sheds():
     shedder = LoadShedder(0, INTERVAL_S)
     for tick in range(100):
-        shedder.observe(5.0, now=tick * 5.0)
+        shedder.observe(5.0, now=tick * 5.0, cpu=tick * 5.0)
     assert not shedder.shedding
-    assert not shedder.refusing(10_000.0)
+    assert not shedder.refusing(10_000.0, cpu=10_000.0)
     assert not shedder.enabled
     with pytest.raises(ValueError):
         LoadShedder(-1, INTERVAL_S)
@@ -97,7 +115,7 @@ def test_it_sheds_exactly_while_a_run_of_late_ticks_spans_the_interval(
     now, run_began, episodes, counted = 0.0, None, 0, False
     for gap, lag in ticks:
         now += gap
-        shedder.observe(lag, now=now)
+        shedder.observe(lag, now=now, cpu=now)
         if lag < TARGET_S:
             run_began, counted = None, False
         elif run_began is None:
@@ -169,7 +187,7 @@ async def test_past_its_capacity_the_server_refuses_sends_while_behind_and_serve
 ):
     server = start_server(
         event_loop="asyncio",
-        regression="blocking_loop",
+        regression="cpu_per_send",
         rate_limit_per_s=100_000,
         rate_limit_burst=100_000,
         overload_lag_ms=round(TARGET_S * 1000),

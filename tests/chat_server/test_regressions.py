@@ -25,7 +25,9 @@ async def _chat_works(server: ServerProcess, keys: KeyPair, compression: str | N
     await bob.close()
 
 
-@pytest.mark.parametrize("mode", ["commit_per_message", "encode_per_recipient", "blocking_loop"])
+@pytest.mark.parametrize(
+    "mode", ["commit_per_message", "encode_per_recipient", "blocking_loop", "cpu_per_send"]
+)
 async def test_regression_is_loud_and_the_protocol_holds(start_server, keys: KeyPair, mode: str):
     server = start_server(
         event_loop="asyncio", regression=mode, rate_limit_per_s=1000, rate_limit_burst=1000
