@@ -69,9 +69,11 @@ class LoadShedder:
 
     ``observe(lag_s, now)`` at every tick: shedding starts at a tick whose lag is at
     least ``target_s`` when every tick since one at least ``interval_s`` earlier was
-    late by that much too (or at a send, :meth:`refusing`); it stops at the first tick
-    late by less. ``target_s`` 0: never. ``episodes`` counts the starts, ``refused``
-    the sends refused (counted by :meth:`refuse`).
+    late by that much too and the loop's thread wanted a CPU for :data:`BUSY_SHARE` of
+    that span (``cpu_clock``, :func:`demand_clock` unless given), or at a send
+    (:meth:`refusing`); it stops at the first tick late by less. ``target_s`` 0:
+    never. ``episodes`` counts the starts, ``refused`` the sends refused (counted by
+    :meth:`refuse`).
 
     The log tells of an *overload*, not of each episode (under a steady excess they
     come several a second): a WARNING when the first starts, one line per
@@ -96,7 +98,8 @@ class LoadShedder:
         self._late_since: float | None = None
         #: when the last tick ran (None: none yet)
         self._last_tick: float | None = None
-        #: the loop thread's CPU time then, and when the run of late ticks began
+        #: the loop thread's demand clock (run + runnable seconds) at the last tick and
+        #: when the run of late ticks began
         self._cpu_clock = cpu_clock or demand_clock()
         self._last_cpu = 0.0
         self._late_cpu = 0.0
@@ -112,8 +115,8 @@ class LoadShedder:
         return self.target_s > 0
 
     def observe(self, lag_s: float, now: float | None = None, cpu: float | None = None) -> None:
-        """One tick ``lag_s`` late at ``now`` (monotonic seconds), the loop thread's CPU
-        time then ``cpu`` (seconds; read from the clock when not given)."""
+        """One tick ``lag_s`` late at ``now`` (monotonic seconds), the loop thread's
+        demand clock then ``cpu`` (seconds; read when not given)."""
         if not self.enabled:
             return
         if now is None:
