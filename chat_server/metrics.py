@@ -199,15 +199,15 @@ class Counters:
         "overload",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, overload: LoadShedder | None = None) -> None:
         self.frames_in = 0
         self.ack_latency = PlainHistogram(ACK_LATENCY_BUCKETS_MS)
         self.delivery_latency = PlainHistogram(ACK_LATENCY_BUCKETS_MS)
         self.commit_seconds = PlainHistogram(COMMIT_BUCKETS_S)
         self.gc = GcWatch()
         self.loop_lag = LoopLagTicker()
-        #: the load shedder (:mod:`chat_server.overload`); the wiring gives it its settings
-        self.overload = LoadShedder(0.0, 0.0)
+        #: the load shedder (:mod:`chat_server.overload`; none given: one that never sheds)
+        self.overload = overload or LoadShedder(0.0, 0.0)
 
     def tail_summary(self) -> dict[str, Any]:
         """GC pauses, loop lag, commit times and delivery latency in brief, for ``/stats``."""

@@ -19,12 +19,12 @@ its ``ref``) until a tick runs on time again. One late tick (a collection, a bur
 joins) never sheds: the next tick on time clears it.
 
 A tick only runs between loop iterations, and one iteration handles every frame its
-reads returned: with full receive buffers, that is seconds of sends (measured: a
-server whose sends cost 1 ms handled 8 s of them in one iteration, and its next tick
-was the first to see it behind). So the send path asks too (:meth:`LoadShedder.refusing`):
-when no tick has run for ``target_s + interval_s``, the loop has been behind by at least
-the target for the interval as surely as late ticks would have said, and the sends
-still being handled in that iteration are refused with the rest.
+reads returned: with full receive buffers, that can be seconds of sends, and the tick
+after it is the first to see the loop behind. So the send path asks too
+(:meth:`LoadShedder.refusing`): when no tick has run for ``target_s + interval_s``, the
+loop has been behind by at least the target for the interval as surely as late ticks
+would have said, and the sends still being handled in that iteration are refused with
+the rest.
 
 Behind is not always overloaded: on a shared host the loop can be late because the host
 took its vCPU (steal) or a handler slept, and refusing sends would not give that time
@@ -215,9 +215,9 @@ def _busy(cpu_before: float, cpu_now: float, span_s: float) -> bool:
 
 def demand_clock() -> Callable[[], float]:
     """A clock of the calling thread's demand for a CPU: seconds it ran plus seconds it
-    was runnable and waited (Linux schedstat; 1 µs a read), opened on first use by the
-    thread that reads it (the event loop's); the thread's CPU time where there is no
-    schedstat."""
+    was runnable and waited (Linux schedstat: one ``pread`` of an open file), opened on
+    first use by the thread that reads it (the event loop's); the thread's CPU time
+    where there is no schedstat."""
     fd: int | None = None
 
     def read() -> float:

@@ -122,7 +122,7 @@ class GcWatch:
     def __init__(self) -> None:
         self.pauses = {generation: PlainHistogram(PAUSE_BUCKETS_S) for generation in range(3)}
         #: objects moved out of the collector's reach when the policy froze them (counted
-        #: once: ``gc.get_freeze_count()`` walks them all, ~3 ms for 39k, on the loop)
+        #: once: ``gc.get_freeze_count()`` walks them all, on the loop)
         self.frozen = 0
         self.notable: deque[tuple[float, int, float, int]] = deque(maxlen=NOTABLE_KEPT)
         self._started = 0.0

@@ -65,9 +65,8 @@ def build_service(
     worker = Worker(worker_index, f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
     if regression is None:
         regression = Regression.of(settings)
-    counters = Counters()
-    counters.overload = LoadShedder(
-        settings.overload_lag_ms / 1000, settings.overload_interval_ms / 1000
+    counters = Counters(
+        LoadShedder(settings.overload_lag_ms / 1000, settings.overload_interval_ms / 1000)
     )
     if settings.broker == "redis":
         backend = _redis_backend(settings, worker, regression, counters)
