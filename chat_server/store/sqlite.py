@@ -124,10 +124,11 @@ class SqliteHistoryStore(LedgerStore):
     (beyond that it raises ``StoreUnavailable("history store overloaded")`` and
     queues nothing), while at most ``batch_max`` more are being committed. With
     ``history_max`` > 0 each commit also deletes its rooms' messages older than the
-    newest ``history_max``; ``seq`` still continues, since each room's last ``seq``
-    is kept apart from its messages. Every method is called from the event loop
-    thread that called :meth:`start`. ``writer_hook`` runs on the writer thread at
-    its start, between batches when it asks to, and at its end (profiling).
+    newest ``history_max``; ``seq`` still continues from the newest, which trimming
+    always keeps (:mod:`~chat_server.store.sqlite_schema`). Every method is called
+    from the event loop thread that called :meth:`start`. ``writer_hook`` runs on the
+    writer thread at its start, between batches when it asks to, and at its end
+    (profiling).
     ``checkpointer`` is the WAL's :class:`~chat_server.store.sqlite_wal.Checkpointer`,
     whose counters tests and ``/stats`` read.
     """

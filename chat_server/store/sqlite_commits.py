@@ -39,7 +39,7 @@ from typing import Any, Final, NamedTuple, Protocol
 
 from chat_server.errors import StoreError, StoreUnavailable
 from chat_server.messages import Message
-from chat_server.store.sqlite_schema import INSERT_MESSAGE, TRIM_ROOM, UPSERT_ROOM, open_writer
+from chat_server.store.sqlite_schema import INSERT_MESSAGE, INSERT_ROOM, TRIM_ROOM, open_writer
 from chat_server.tail import NOTABLE_LAG_S, PlainHistogram
 from chatlab.supervision import STOP, supervisor
 
@@ -149,7 +149,9 @@ class SqliteWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany(INSERT_MESSAGE, rows)
-            conn.executemany(UPSERT_ROOM, room_seqs.items())
+            new_rooms = [(room, seq) for room, seq in room_seqs.items() if room not in cache]
+            if new_rooms:
+                conn.executemany(INSERT_ROOM, new_rooms)
             if self._history_max:
                 keep = self._history_max
                 trims = [(room, seq - keep) for room, seq in room_seqs.items() if seq > keep]

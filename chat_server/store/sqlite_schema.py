@@ -1,9 +1,13 @@
 """The history file's layout: its tables, every SQL statement on them, and how it is opened.
 
 The file holds two tables: ``messages`` (one row per committed message, keyed by
-``(room, seq)``) and ``rooms`` (each room's last ``seq``, kept apart from its messages
-so that numbering continues when old messages are trimmed). ``PRAGMA user_version``
-records the layout (:data:`SCHEMA_VERSION`); a file with a newer one is refused.
+``(room, seq)``) and ``rooms`` (one row per room that ever had a message, written with
+its first). A room's last ``seq`` is its newest message's: trimming (``HISTORY_MAX``)
+always keeps the newest, so numbering continues from it after a reopen. Version 1 files
+also rewrote ``rooms.last_seq`` in every commit, one more B-tree page per transaction
+(docs/decisions/0023-the-commit-per-message.md); their ``last_seq`` is still read, as a
+floor. ``PRAGMA user_version`` records the layout (:data:`SCHEMA_VERSION`); a file with
+a newer one is refused, so a version-1 server never numbers from a stale ``last_seq``.
 Every ``SELECT`` on ``messages`` returns ``(seq, user, body, ts, ref)`` rows, which
 :func:`rows_to_messages` turns into messages.
 """
@@ -19,6 +23,8 @@ from chat_server.messages import Message
 
 __all__ = [
     "INSERT_MESSAGE",
+    "INSERT_ROOM",
+    "LAST_SEQS",
     "SCHEMA_VERSION",
     "SELECT_AFTER",
     "SELECT_BEFORE",
@@ -27,12 +33,11 @@ __all__ = [
     "SELECT_ROOM_NEWEST_FIRST",
     "SYNCHRONOUS",
     "TRIM_ROOM",
-    "UPSERT_ROOM",
     "open_writer",
     "rows_to_messages",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The ``PRAGMA user_version`` this module writes and understands."""
 
 _SCHEMA: Final = (
@@ -53,9 +58,12 @@ _SCHEMA: Final = (
 INSERT_MESSAGE: Final = (
     "INSERT INTO messages (room, seq, user, body, ts, ref) VALUES (?, ?, ?, ?, ?, ?)"
 )
-UPSERT_ROOM: Final = (
-    "INSERT INTO rooms (room, last_seq) VALUES (?, ?)"
-    " ON CONFLICT (room) DO UPDATE SET last_seq = excluded.last_seq"
+#: a room's row, written with its first message (``last_seq`` is only a floor: see above)
+INSERT_ROOM: Final = "INSERT OR IGNORE INTO rooms (room, last_seq) VALUES (?, ?)"
+#: every room's last seq: its newest message's, or (a version-1 file) the last one recorded
+LAST_SEQS: Final = (
+    "SELECT room, max(last_seq, coalesce((SELECT max(seq) FROM messages"
+    " WHERE messages.room = rooms.room), 0)) FROM rooms"
 )
 TRIM_ROOM: Final = "DELETE FROM messages WHERE room = ? AND seq <= ?"
 SELECT_LATEST: Final = (
@@ -113,7 +121,7 @@ def open_writer(
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            room_seqs = dict(conn.execute("SELECT room, last_seq FROM rooms"))
+            room_seqs = dict(conn.execute(LAST_SEQS))
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:

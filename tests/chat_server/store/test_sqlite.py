@@ -224,6 +224,73 @@ async def test_history_max_trims_old_rows_and_seq_continues_after_reopen(
     assert [m.seq for m in await second.history("lobby", None, 50)] == [9, 10, 11, 12, 13]
 
 
+async def test_a_rooms_row_is_written_with_its_first_message_only(
+    open_store: StoreFactory, db_path: Path
+) -> None:
+    store, _ = await open_store()
+    for i in range(1, 6):
+        store.submit(make_message(body=f"m{i}"), None)
+        await store.flush()
+    store.submit(make_message(room="side"), None)
+    await store.flush()
+
+    with sqlite3.connect(db_path) as conn:
+        rows = dict(conn.execute("SELECT room, last_seq FROM rooms"))
+    # the row is not rewritten by later commits: the newest message carries the last seq
+    assert rows == {"lobby": 1, "side": 1}
+    await store.close()
+    reopened, _ = await open_store()
+    assert (reopened.last_seq("lobby"), reopened.last_seq("side")) == (5, 1)
+
+
+async def test_a_version_1_file_opens_and_numbering_continues(
+    db_path: Path, commit_on: str
+) -> None:
+    # the layout version 1 wrote: rooms.last_seq rewritten by every commit (here ahead
+    # of the newest message kept, as a file trimmed by a hand would be: a floor)
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db_path, isolation_level=None) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(
+            "CREATE TABLE messages (room TEXT NOT NULL, seq INTEGER NOT NULL, user TEXT NOT NULL,"
+            " body TEXT NOT NULL, ts INTEGER NOT NULL, ref TEXT, PRIMARY KEY (room, seq))"
+            " WITHOUT ROWID"
+        )
+        conn.execute("CREATE TABLE rooms (room TEXT PRIMARY KEY, last_seq INTEGER NOT NULL)")
+        conn.executemany(
+            "INSERT INTO messages VALUES (?, ?, 'u', 'b', 0, NULL)",
+            [("lobby", 1), ("lobby", 2), ("lobby", 3), ("side", 1)],
+        )
+        conn.executemany("INSERT INTO rooms VALUES (?, ?)", [("lobby", 3), ("side", 7)])
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+
+    store = SqliteHistoryStore(path=db_path, on_batch=Recorder(), commit_on=commit_on)
+    await store.start()
+    try:
+        assert (store.last_seq("lobby"), store.last_seq("side")) == (3, 7)
+        lobby, side = make_message(), make_message(room="side")
+        store.submit(lobby, None)
+        store.submit(side, None)
+        await store.flush()
+        assert (lobby.seq, side.seq) == (4, 8)
+    finally:
+        await store.close()
+    with sqlite3.connect(db_path) as check:
+        assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    check.close()
+
+
+async def test_a_file_of_a_newer_layout_is_refused(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    store = SqliteHistoryStore(path=db_path, on_batch=Recorder())
+    with pytest.raises(StoreError, match="schema version"):
+        await store.start()
+
+
 # ---- failures ---------------------------------------------------------------------
 
 
@@ -394,11 +461,12 @@ async def test_commits_never_checkpoint_the_checkpointer_does(
 
     # a checkpointer that finds it big enough copies it back
     store, _ = await open_store(checkpoint_pages=4)
-    store.submit(make_message(body="z" * 3000), None)
+    for _ in range(3):  # a page each, besides the B-tree's
+        store.submit(make_message(body="z" * 3000), None)
     await store.flush()
     await wait_until(lambda: store.checkpointer.checkpoints > 0)
     assert db_path.stat().st_size > before_bytes + 1000 * 3000
-    assert stored_seqs(db_path) == list(range(1, 1202))
+    assert stored_seqs(db_path) == list(range(1, 1204))
 
 
 def policy_of(tid: int | None) -> int:
