@@ -167,3 +167,30 @@ def test_the_lab_measures_refreshes_per_cpu_second_of_a_running_auth_service():
     # a refresh hashes no password: far more of them per CPU-second than argon2 logins
     # (about 5 at the default cost), whatever the machine
     assert refreshes_per_cpu_s(0.5, clients=2) > 20
+
+
+def test_commit_layout_bench_times_every_variant_and_stores_every_message(tmp_path: Path):
+    out = tmp_path / "commit.json"
+    args = ("--batches", "1,5", "--messages", "200", "--rooms", "20", "--warm", "5")
+    result = _run("bench.commit_layout", *args, "--repeat", "1", "--quiet", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())
+    from bench.commit_layout import VARIANTS
+
+    assert [(r["variant"], r["batch"]) for r in rows] == [
+        (variant, batch) for batch in (1, 5) for variant in VARIANTS
+    ]
+    assert all(r["us_per_message"] > 0 and r["messages"] == 200 for r in rows)
+    # only the log variants copy, and their copy is part of their total
+    assert all(
+        (r["copy_us_per_message"] > 0) == r["variant"].startswith("log-")
+        and r["copy_us_per_message"] <= r["us_per_message"]
+        for r in rows
+    )
+    assert "schema-1" in result.stdout and "batches of 5" in result.stdout
+
+
+def test_commit_layout_bench_refuses_an_unknown_variant():
+    result = _run("bench.commit_layout", "--variants", "current,btree-of-dreams")
+    assert result.returncode == 2
+    assert "unknown variants: btree-of-dreams" in result.stderr
