@@ -18,12 +18,13 @@ variant's settings, and used for every variant: the same offered load for all.
 The variants are ``--env NAME=VALUE`` as in ``bench.tail`` (each value of a name is one
 variant). Unless one of them sets ``OVERLOAD_LAG_MS``, each is run twice: with
 ``OVERLOAD_LAG_MS=0`` (no load shedding: the server before it) and as given (the
-shedder's defaults, 50 ms behind for 100 ms). ``--repeat`` alternates them.
+shedder's defaults, 10 ms behind for 20 ms). ``--repeat`` alternates them.
 
 Meanwhile the server's ``/metrics`` is scraped every 0.5 s. Per second the run keeps
 what was offered, sent and delivered, the fan-out p99 of what arrived in it, the sends
 the shedder refused (``chat_overload_refused_total``) and the other ``unavailable``
-answers, and at most the server's RSS, its store's queue depth, its outbound bytes and
+answers, among them the store's own refusals (``chat_store_refused_total``: its queue
+full, its WAL full), and at most the server's RSS, its store's queue depth, its outbound bytes and
 whether it was shedding. Per variant and run, the verdicts the overload target asks for
 (at 1.15x the knee for 30 s: queues and memory within their bounds, what is answered
 answered within the SLO or refused, p99 back under the SLO within 5 s of the load
@@ -85,8 +86,16 @@ SHEDDING = "chat_overload_shedding{}"
 RSS = "process_resident_memory_bytes{}"
 QUEUE = "chat_store_queue_depth{}"
 OUTBOUND = "chat_outbound_buffer_bytes{}"
+#: the history store's own refusals (answered unavailable, never stored), by reason
+STORE_QUEUE_FULL = "chat_store_refused_total{reason=queue_full}"
+STORE_WAL_FULL = "chat_store_refused_total{reason=wal_full}"
 #: counters read as a rate per second, gauges as their most in the second
-RATES = {"refused_per_s": REFUSED, "unavailable_per_s": UNAVAILABLE}
+RATES = {
+    "refused_per_s": REFUSED,
+    "unavailable_per_s": UNAVAILABLE,
+    "store_queue_full_per_s": STORE_QUEUE_FULL,
+    "store_wal_full_per_s": STORE_WAL_FULL,
+}
 GAUGES = {"rss_bytes": RSS, "queue_depth": QUEUE, "outbound_bytes": OUTBOUND, "shedding": SHEDDING}
 SCRAPE_EVERY_S = 0.5
 #: the variant without load shedding, run beside each one that does not set it
@@ -304,6 +313,9 @@ class Verdict:
     over_delivered_per_s: float
     server_refused: float  # the shedder's count over the whole run
     other_unavailable: float
+    # of the other unavailable, the store's refusals: STORE_QUEUE_MAX reached, the WAL full
+    store_queue_full: float
+    store_wal_full: float
     queue_depth_max: float | None
     queue_bound: int
     outbound_max_bytes: float | None
@@ -349,7 +361,8 @@ class Verdict:
             f" delivered/s",
             f"overload: {self.over_unavailable} of {self.over_sent} sends answered unavailable"
             f" ({share_text}); the shedder refused {self.server_refused:.0f} in the run,"
-            f" other unavailable {self.other_unavailable:.0f}",
+            f" other unavailable {self.other_unavailable:.0f} (the store's: queue full"
+            f" {self.store_queue_full:.0f}, WAL full {self.store_wal_full:.0f})",
             f"bounds: store queue at most {_num(self.queue_depth_max)} of STORE_QUEUE_MAX"
             f" {self.queue_bound}: {mark('queue within its bound')}; outbound at most"
             f" {_num(self.outbound_max_bytes, mib)} MiB of MAX_OUTBOUND_BYTES x connections"
@@ -397,7 +410,7 @@ def judge(
         return max(values) if values else None
 
     def total(key: str) -> float:
-        return sum(r[key] or 0.0 for r in rows)
+        return sum(r.get(key) or 0.0 for r in rows)
 
     over_rows = [r for r in rows if r["phase"] == "over"]
     return Verdict(
@@ -413,6 +426,8 @@ def judge(
         ),
         server_refused=round(total("refused_per_s")),
         other_unavailable=round(total("unavailable_per_s")),
+        store_queue_full=round(total("store_queue_full_per_s")),
+        store_wal_full=round(total("store_wal_full_per_s")),
         queue_depth_max=most("queue_depth", PHASES),
         queue_bound=limits["queue_depth"],
         outbound_max_bytes=most("outbound_bytes", PHASES),

@@ -50,6 +50,7 @@ from websockets.http11 import Request, Response
 
 from chat_server.errors import ErrorCode
 from chat_server.overload import LoadShedder
+from chat_server.store.base import REFUSAL_REASONS
 from chat_server.tail import (
     COMMIT_BUCKETS_S,
     PAUSE_BUCKETS_S,
@@ -124,6 +125,12 @@ OVERLOAD_EPISODES = (
 STORE_QUEUE_DEPTH = (
     "chat_store_queue_depth",
     "messages accepted and waiting for their group commit",
+)
+STORE_REFUSED = (
+    "chat_store_refused",
+    "sends the history store refused before storing them (answered unavailable), by reason:"
+    " queue_full (STORE_QUEUE_MAX), wal_full (a blocked checkpoint), node_unreachable,"
+    " node_short_of_replicas, no_node (Redis), closed",
 )
 # the Redis history store's (BROKER=redis)
 SHORT_OF_REPLICAS = (
@@ -289,6 +296,10 @@ class ChatCollector:
         yield CounterMetricFamily(*OVERLOAD_REFUSED, value=overload.refused)
         yield CounterMetricFamily(*OVERLOAD_EPISODES, value=overload.episodes)
         yield GaugeMetricFamily(*STORE_QUEUE_DEPTH, value=store["queue_depth"])
+        refused = CounterMetricFamily(*STORE_REFUSED, labels=["reason"])
+        for reason in REFUSAL_REASONS:  # every reason from start, at zero
+            refused.add_metric([reason], store["refused"].get(reason, 0))
+        yield refused
         if store.get("primaries_short_of_replicas") is not None:
             yield GaugeMetricFamily(*SHORT_OF_REPLICAS, value=store["primaries_short_of_replicas"])
         if store.get("primaries_unreachable") is not None:
@@ -446,6 +457,9 @@ class MetricsPublisher:
             *GC_PAUSE, ["generation"], registry=None, buckets=PAUSE_BUCKETS_S
         )
         self._queue_depth = Gauge(*STORE_QUEUE_DEPTH, registry=None, multiprocess_mode="livesum")
+        self._store_refused = Counter(*STORE_REFUSED, ["reason"], registry=None)
+        for reason in REFUSAL_REASONS:  # every reason from start, at zero
+            self._store_refused.labels(reason)
         self._shedding = Gauge(*OVERLOAD_SHEDDING, registry=None, multiprocess_mode="livesum")
         self._refused = Counter(*OVERLOAD_REFUSED, registry=None)
         self._episodes = Counter(*OVERLOAD_EPISODES, registry=None)
@@ -522,6 +536,8 @@ class MetricsPublisher:
             float(store["messages_committed"] + store["messages_failed"]),
         )
         self._queue_depth.set(store["queue_depth"])
+        for reason, count in store["refused"].items():
+            self._grow(self._store_refused.labels(reason), f"store refused {reason}", count)
         self._short_of_replicas.set(store.get("primaries_short_of_replicas") or 0)
         self._unreachable.set(store.get("primaries_unreachable") or 0)
         self._grow(self._node_busy, "node_busy", store.get("node_busy_refusals") or 0)

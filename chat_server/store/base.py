@@ -13,8 +13,8 @@ import collections
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence, Sized
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
 
 from chat_server.errors import StoreError
 from chat_server.messages import Message
@@ -71,6 +71,24 @@ class StoreStats:
     primaries_short_of_replicas: int | None = None
     primaries_unreachable: int | None = None
     node_busy_refusals: int | None = None
+    #: sends refused at ``submit`` (answered ``unavailable``, never stored), by reason
+    #: (:data:`REFUSAL_REASONS`)
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+#: why a store refuses a send at ``submit`` (``chat_store_refused_total``'s reasons):
+#: ``queue_full`` (``STORE_QUEUE_MAX`` sends wait for their commit), ``wal_full`` (SQLite:
+#: the WAL is past ``CHAT_DB_WAL_MAX_BYTES`` behind a blocked checkpoint), Redis: the
+#: room's primary ``node_unreachable`` or ``node_short_of_replicas``, or ``no_node`` serves
+#: its slot, and ``closed`` (the store is not started or is stopping)
+REFUSAL_REASONS: Final = (
+    "queue_full",
+    "wal_full",
+    "node_unreachable",
+    "node_short_of_replicas",
+    "no_node",
+    "closed",
+)
 
 
 class BatchLedger:
@@ -106,6 +124,12 @@ class BatchLedger:
         self._max_batch_size = 0
         self._last_batch_size = 0
         self._batch_sizes: collections.Counter[int] = collections.Counter()
+        self._refused: collections.Counter[str] = collections.Counter()
+
+    def refused(self, reason: str) -> None:
+        """Count one send refused at ``submit`` for ``reason`` (one of
+        :data:`REFUSAL_REASONS`); it takes no ticket."""
+        self._refused[reason] += 1
 
     def submitted(self) -> int:
         """Count one submission that will be reported later; its ticket."""
@@ -198,6 +222,7 @@ class BatchLedger:
             last_batch_size=self._last_batch_size,
             queue_depth=queue_depth,
             batch_sizes=dict(self._batch_sizes),
+            refused=dict(self._refused),
         )
 
 

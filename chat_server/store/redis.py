@@ -84,7 +84,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -148,6 +148,13 @@ PROBE_ANSWER_S: Final = 1.0
 _Item = tuple[Message, Any, int]
 #: one room's share of a batch
 _Group = tuple[str, list[_Item]]
+
+
+class _Refusal(NamedTuple):
+    """Why a node's rooms refuse sends: the counted reason and the error's detail."""
+
+    reason: str
+    detail: str
 
 
 class _Lane:
@@ -283,12 +290,16 @@ class RedisHistoryStore(LedgerStore):
         serves its slot), or ``queue_max`` messages already wait.
         """
         if not self._accepting:
+            self._ledger.refused("closed")
             raise StoreUnavailable(f"history store {'closed' if self._closed else 'not started'}")
         room = message.room
         node = self._topology.node_of(room_channel(room))
         if not self._health.takes_sends(node):
-            raise StoreUnavailable(self._refusal(node))
+            reason = self._refusal(node)
+            self._ledger.refused(reason.reason)
+            raise StoreUnavailable(reason.detail)
         if self._queued >= self._queue_max:
+            self._ledger.refused("queue_full")
             raise StoreUnavailable("history store overloaded")
         lane = self._room_lanes.get(room)
         if lane is None:
@@ -323,16 +334,22 @@ class RedisHistoryStore(LedgerStore):
             )
         return lane
 
-    def _refusal(self, node: str) -> str:
-        """Why sends to ``node``'s rooms are refused now."""
+    def _refusal(self, node: str) -> _Refusal:
+        """Why sends to ``node``'s rooms are refused now: the counted reason (see
+        :data:`~chat_server.store.base.REFUSAL_REASONS`) and the error's detail."""
         if not node:
-            return "history store unavailable: no Redis node serves the room (a failover?)"
-        if self._health.state(node) is NodeState.SHORT:
-            return (
-                f"history store unavailable: Redis node {node} holds fewer replicas than"
-                " REDIS_ACK_REPLICAS asks"
+            return _Refusal(
+                "no_node", "history store unavailable: no Redis node serves the room (a failover?)"
             )
-        return f"history store unavailable: Redis node {node} is unreachable"
+        if self._health.state(node) is NodeState.SHORT:
+            return _Refusal(
+                "node_short_of_replicas",
+                f"history store unavailable: Redis node {node} holds fewer replicas than"
+                " REDIS_ACK_REPLICAS asks",
+            )
+        return _Refusal(
+            "node_unreachable", f"history store unavailable: Redis node {node} is unreachable"
+        )
 
     def _report(self, items: list[_Item], error: StoreError | None) -> None:
         """Report ``items`` (settled) to the ledger; their rooms may change lanes after."""
@@ -391,7 +408,7 @@ class RedisHistoryStore(LedgerStore):
             if self._health.takes_sends(node):
                 by_node.setdefault(node, []).append(group)
             else:  # refused meanwhile: not written, answered at once
-                self._report(group[1], StoreUnavailable(self._refusal(node)))
+                self._report(group[1], StoreUnavailable(self._refusal(node).detail))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._in_doubt_wait_s
         delay = BACKOFF_MIN_S
@@ -509,7 +526,7 @@ class RedisHistoryStore(LedgerStore):
     def _refused(self, node: str) -> None:
         """``node`` stopped taking sends: answer what waits for it in the queues (nothing of
         it was written), and probe it until it takes them again."""
-        error = StoreUnavailable(self._refusal(node))
+        error = StoreUnavailable(self._refusal(node).detail)
         for lane in list(self._lanes.values()):  # a report's callback may open a lane
             keep: deque[_Item] = deque()
             refused: list[_Item] = []
@@ -612,7 +629,7 @@ class RedisHistoryStore(LedgerStore):
         for attempt in range(2):
             node = self._topology.node_of(channel)
             if not self._health.takes_reads(node):
-                raise StoreUnavailable(self._refusal(node))
+                raise StoreUnavailable(self._refusal(node).detail)
             try:
                 async with self._topology.gate(node).turn(), asyncio.timeout(READ_ANSWER_S):
                     return await call(self._topology.client(node))

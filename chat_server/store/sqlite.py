@@ -320,11 +320,14 @@ class SqliteHistoryStore(LedgerStore):
         blocked. Otherwise the outcome arrives later through ``on_batch``.
         """
         if not self._accepting:
+            self._ledger.refused("closed")
             reason = "closed" if self._closed else "not started"
             raise StoreUnavailable(f"history store {reason}")
         if len(self._pending) + len(self._queue) >= self._queue_max:
+            self._ledger.refused("queue_full")
             raise StoreUnavailable("history store overloaded")
         if self._wal_blocked:
+            self._ledger.refused("wal_full")
             raise StoreUnavailable("history store: WAL full, a checkpoint is blocked by a reader")
         self._pending.append((message, context))
         if self._next_hand_over is None:

@@ -71,16 +71,20 @@ def test_recovery_is_when_p99_went_under_the_slo_for_good():
 def test_a_servers_second_reads_counters_between_scrapes_and_gauges_inside():
     refused, unavailable = "chat_overload_refused_total{}", "chat_errors_total{code=unavailable}"
     queue, rss = "chat_store_queue_depth{}", "process_resident_memory_bytes{}"
+    full = "chat_store_refused_total{reason=queue_full}"
     scrapes = [
         (0.0, {refused: 0.0, unavailable: 0.0, queue: 1.0, rss: 10.0}),
-        (0.5, {refused: 100.0, unavailable: 110.0, queue: 40.0, rss: 12.0}),
-        (1.0, {refused: 300.0, unavailable: 320.0, queue: 7.0, rss: 11.0}),
-        (1.5, {refused: 300.0, unavailable: 330.0, queue: 0.0, rss: 11.0}),
+        (0.5, {refused: 100.0, unavailable: 110.0, queue: 40.0, rss: 12.0, full: 10.0}),
+        (1.0, {refused: 300.0, unavailable: 320.0, queue: 7.0, rss: 11.0, full: 20.0}),
+        (1.5, {refused: 300.0, unavailable: 330.0, queue: 0.0, rss: 11.0, full: 30.0}),
     ]
-    # [0.25, 1.25]: refused 50 -> 300, unavailable 55 -> 325 (of which 20 others)
+    # [0.25, 1.25]: refused 50 -> 300, unavailable 55 -> 325 (of which 20 others: the
+    # store's queue was full for 5 -> 25 of them, a counter absent from a scrape is 0 there)
     figures = server_second(scrapes, 0.25, 1.25)
     assert figures["refused_per_s"] == 250.0
     assert figures["unavailable_per_s"] == 20.0
+    assert figures["store_queue_full_per_s"] == 20.0
+    assert figures["store_wal_full_per_s"] == 0.0
     assert figures["queue_depth"] == 40.0 and figures["rss_bytes"] == 12.0
     assert figures["shedding"] is None and figures["outbound_bytes"] is None  # not scraped
     # past the last scrape: no rate
@@ -120,6 +124,7 @@ def test_the_verdict_judges_the_overload_by_its_own_steps_and_the_bounds():
         row.setdefault("queue_depth", 0.0)
         row |= {"sent_per_s": 500.0, "delivered_per_s": 5000.0, "outbound_bytes": 1024.0}
         row |= {"refused_per_s": 100.0, "unavailable_per_s": 0.0}
+        row |= {"store_queue_full_per_s": 2.0 if row["phase"] == "over" else 0.0}
     verdict = judge(
         steps,
         rows,
@@ -144,6 +149,8 @@ def test_the_verdict_judges_the_overload_by_its_own_steps_and_the_bounds():
     lines = verdict.lines()
     assert lines[0].startswith("overload: p99 of what was delivered 30.0 ms (worst second 80.0")
     assert "4500 of 15000 sends answered unavailable (30.0 %)" in lines[1]
+    assert (verdict.store_queue_full, verdict.store_wal_full) == (4, 0)  # 2/s in 2 seconds
+    assert "(the store's: queue full 4, WAL full 0)" in lines[1]
     assert "store queue at most 900 of STORE_QUEUE_MAX 500: MISSES" in lines[2]
     assert lines[3].startswith("recovery: p99 under 100 ms for good 2 s after the drop")
 

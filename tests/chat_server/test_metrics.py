@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chat_server.messages import Ack, Error, Message, Presence, Send, Welcome
+from chat_server.store.base import REFUSAL_REASONS
 from tests.support import Client, KeyPair, RedisProcess, ServerProcess, free_port, wait_until
 from tests.support.prometheus import scrape_metrics
 from tests.support.workers import (
@@ -123,6 +124,41 @@ async def test_metrics_count_frames_errors_acks_and_batches(start_server, keys: 
     assert samples["process_cpu_seconds_total"] > 0
     await alice.close()
     await bob.close()
+
+
+async def test_the_stores_refusals_are_counted_by_reason(start_server, keys: KeyPair):
+    # a queue of one and hand-overs 100 ms apart: the first send commits at once, the
+    # second waits out the interval, and the sends after it find the queue full
+    _, alice, metrics_port = await _alice_in(
+        start_server, keys, "m", store_queue_max=1, chat_db_commit_interval_ms=100
+    )
+    before = scrape_metrics(metrics_port)
+    assert {r: before[f"chat_store_refused_total{{reason={r}}}"] for r in REFUSAL_REASONS} == {
+        r: 0 for r in REFUSAL_REASONS
+    }
+    for i in range(6):
+        await alice.say("m", f"m{i}", ref=f"r{i}")
+    answers = {}
+    while len(answers) < 6:
+        frame = await alice.recv()
+        if isinstance(frame, Ack):
+            answers[frame.ref] = "acked"
+        elif isinstance(frame, Error):
+            assert (frame.code, frame.detail) == ("unavailable", "history store overloaded")
+            answers[frame.ref] = "refused"
+    refused = sum(answer == "refused" for answer in answers.values())
+    assert answers["r0"] == "acked" and refused >= 1
+
+    samples = await _scrape_until(metrics_port, {"chat_errors_total{code=unavailable}": refused})
+    assert samples["chat_store_refused_total{reason=queue_full}"] == refused
+    assert all(
+        samples[f"chat_store_refused_total{{reason={r}}}"] == 0
+        for r in REFUSAL_REASONS
+        if r != "queue_full"
+    )
+    # the load shedder refused none of them: its refusals are its own family
+    assert samples["chat_overload_refused_total"] == 0
+    await alice.close()
 
 
 async def test_gc_pauses_and_loop_lag_show_in_metrics_and_stats(start_server, keys: KeyPair):

@@ -128,6 +128,7 @@ async def test_redis_away_refuses_sends_and_an_in_doubt_batch_commits_once_it_is
     )
     with pytest.raises(StoreUnavailable):
         store.submit(make_message(), None)  # the store knows Redis is away
+    assert store.stats().refused == {"node_unreachable": 1}
     with pytest.raises(StoreUnavailable):
         await store.history("lobby", None, 5)
     start_redis(port=redis.port)
@@ -237,6 +238,7 @@ async def test_too_few_replicas_stores_but_neither_publishes_nor_acks_until_one_
     # known short: the next send is refused at once, unwritten (not kept in doubt again)
     with pytest.raises(StoreUnavailable, match="fewer replicas"):
         store.submit(make_message(body="refused", ref="r2"), None)
+    assert store.stats().refused == {"node_short_of_replicas": 1}
 
     replica = start_redis()
     replica.call("replicaof", "127.0.0.1", str(redis_server.port))

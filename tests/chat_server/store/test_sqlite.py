@@ -339,6 +339,7 @@ async def test_full_queue_rejects_submits_and_queues_nothing(
         with pytest.raises(StoreUnavailable, match="overloaded"):
             store.submit(rejected, None)
         assert store.stats().queue_depth == 3
+        assert store.stats().refused == {"queue_full": 1}
     await store.flush()
 
     assert [m.seq for m in [in_flight, *queued]] == [1, 2, 3, 4]
@@ -672,6 +673,7 @@ async def test_a_reader_blocking_checkpoints_bounds_the_wal_with_unavailable(
 
         refused = await wait_until(refusal, 60, "a send refused", interval_s=0.01)
         assert "checkpoint is blocked" in str(refused)
+        assert set(store.stats().refused) == {"wal_full"}
         assert db_path.with_name(db_path.name + "-wal").stat().st_size < 4 << 20
     finally:
         reader.execute("COMMIT")
@@ -837,6 +839,7 @@ async def test_close_flushes_and_later_submits_are_refused(
     assert sum(len(result.items) for result in recorder.results) == 10
     with pytest.raises(StoreUnavailable, match="closed"):
         store.submit(make_message(), None)
+    assert store.stats().refused == {"closed": 1}
     with pytest.raises(StoreUnavailable):
         await store.history("lobby", None, 10)
     await store.close()  # a second close is harmless
