@@ -1,15 +1,15 @@
 """The history file's layout: its tables, every SQL statement on them, and how it is opened.
 
 The file holds two tables: ``messages`` (one row per committed message, keyed by
-``(room, seq)``) and ``rooms`` (one row per room that ever had a message, written with
-its first). A room's last ``seq`` is its newest message's: trimming (``HISTORY_MAX``)
-always keeps the newest, so numbering continues from it after a reopen. Version 1 files
-also rewrote ``rooms.last_seq`` in every commit, one more B-tree page per transaction
-(docs/decisions/0023-the-commit-per-message.md); their ``last_seq`` is still read, as a
-floor. ``PRAGMA user_version`` records the layout (:data:`SCHEMA_VERSION`); a file with
-a newer one is refused, so a version-1 server never numbers from a stale ``last_seq``.
-Every ``SELECT`` on ``messages`` returns ``(seq, user, body, ts, ref)`` rows, which
-:func:`rows_to_messages` turns into messages.
+``(room, seq)``) and ``rooms`` (one row per room that ever had a message, written once,
+by the first commit that held one). A room's last ``seq`` is its newest message's:
+trimming (``HISTORY_MAX``) always keeps the newest, so numbering continues from it after
+a reopen. Version 1 files also rewrote ``rooms.last_seq`` in every commit, one more
+B-tree page per transaction (docs/decisions/0023-the-commit-per-message.md); their
+``last_seq`` is still read, as a floor. ``PRAGMA user_version`` records the layout
+(:data:`SCHEMA_VERSION`); a file with a newer one is refused, so a version-1 server
+never numbers from a stale ``last_seq``. Every ``SELECT`` on ``messages`` returns
+``(seq, user, body, ts, ref)`` rows, which :func:`rows_to_messages` turns into messages.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ _SCHEMA: Final = (
 INSERT_MESSAGE: Final = (
     "INSERT INTO messages (room, seq, user, body, ts, ref) VALUES (?, ?, ?, ?, ?, ?)"
 )
-#: a room's row, written with its first message (``last_seq`` is only a floor: see above)
+#: a room's row, written by the first commit holding its messages, with that commit's last
+#: seq (only a floor: see above), never rewritten
 INSERT_ROOM: Final = "INSERT OR IGNORE INTO rooms (room, last_seq) VALUES (?, ?)"
 #: every room's last seq: its newest message's, or (a version-1 file) the last one recorded
 LAST_SEQS: Final = (
