@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from chatlab.harness import ROOT
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    # not as an xdist worker: pytest-benchmark disables itself under xdist, and a pytest
-    # run from here would take this process's PYTEST_XDIST_* for its own
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    return subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+from tests.support.lab import run_bench
 
 
 def test_codecs_bench_reports_every_codec(tmp_path: Path):
     out = tmp_path / "codecs.json"
-    result = _run("bench.codecs", "--repeat", "1", "--number", "200", "--json", str(out))
+    result = run_bench("bench.codecs", "--repeat", "1", "--number", "200", "--json", str(out))
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())
     rows = rows["results"] if isinstance(rows, dict) else rows
@@ -41,7 +23,7 @@ def test_codecs_bench_reports_every_codec(tmp_path: Path):
 def test_memory_bench_measures_deflate_settings_idle_and_after_traffic(tmp_path: Path):
     out = tmp_path / "memory.json"
     args = ("--connections", "20", "--deflate", "off,shared", "--traffic", "idle,after")
-    result = _run("bench.memory", *args, "--json", str(out))
+    result = run_bench("bench.memory", *args, "--json", str(out))
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())
     assert [(r["traffic"], r["deflate"]) for r in rows] == [
@@ -53,19 +35,19 @@ def test_memory_bench_measures_deflate_settings_idle_and_after_traffic(tmp_path:
 def test_memory_bench_runs_the_transport_asked_for(tmp_path: Path):
     out = tmp_path / "memory.json"
     args = ("--connections", "20", "--transport", "picows", "--json", str(out))
-    result = _run("bench.memory", *args, "--deflate", "shared")
+    result = run_bench("bench.memory", *args, "--deflate", "shared")
     assert result.returncode == 0, result.stderr
     assert [(r["transport"], r["deflate"]) for r in json.loads(out.read_text())] == [
         ("picows", "shared")
     ]
     # the server got it: picows refuses deflate with context takeover at start
-    refused = _run("bench.memory", *args, "--deflate", "on")
+    refused = run_bench("bench.memory", *args, "--deflate", "on")
     assert refused.returncode != 0 and "WS_DEFLATE=on needs TRANSPORT=websockets" in refused.stderr
 
 
 def test_wire_bench_reports_bytes_per_delivered_message_for_each_deflate_setting(tmp_path: Path):
     out = tmp_path / "wire.json"
-    result = _run("bench.wire", "--rooms", "1", "--messages", "2", "--json", str(out))
+    result = run_bench("bench.wire", "--rooms", "1", "--messages", "2", "--json", str(out))
     assert result.returncode == 0, result.stderr
     rows = {(r["deflate"], r["bodies"]): r for r in json.loads(out.read_text())}
     assert set(rows) == {(d, b) for d in ("off", "on", "shared") for b in ("demo", "chat", "long")}
@@ -86,7 +68,7 @@ def test_wire_bench_reports_bytes_per_delivered_message_for_each_deflate_setting
 
 def test_auth_login_bench_compares_pool_and_inline(tmp_path: Path):
     out = tmp_path / "auth.json"
-    result = _run(
+    result = run_bench(
         "bench.auth_login",
         "--duration-s",
         "1",
@@ -109,7 +91,7 @@ def test_auth_login_bench_compares_pool_and_inline(tmp_path: Path):
 
 def test_serialization_microbenchmarks_run_once_and_render_the_seed_table(tmp_path: Path):
     out = tmp_path / "bench.json"
-    result = _run(
+    result = run_bench(
         "pytest",
         "bench/test_serialization.py",
         "-q",
@@ -122,7 +104,7 @@ def test_serialization_microbenchmarks_run_once_and_render_the_seed_table(tmp_pa
         f"--benchmark-json={out}",
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    table = _run("bench.seed_table", str(out))
+    table = run_bench("bench.seed_table", str(out))
     assert table.returncode == 0, table.stderr
     for group in ("seed message: serialize", "chat send: decode (codec)"):
         assert sum(group in line for line in table.stdout.splitlines()) == 3, table.stdout
@@ -132,7 +114,7 @@ def test_shard_faults_bench_reports_healthy_and_struck_shards_apart(tmp_path: Pa
     out = tmp_path / "shard_faults.json"
     args = ("--fault", "replica", "--clients", "12", "--rooms", "6", "--rate", "120")
     quick = ("--before-s", "2", "--window-s", "2", "--runs", "1", "--json", str(out))
-    result = _run("bench.shard_faults", *args, *quick)
+    result = run_bench("bench.shard_faults", *args, *quick)
     assert result.returncode == 0, result.stderr
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["rooms_struck"] > 0 and row["rooms_healthy"] > 0
@@ -149,7 +131,7 @@ def test_reconnect_storm_costs_no_argon2_with_refresh_and_a_hash_per_client_with
     out = tmp_path / "storm.json"
     clients = 20
     args = ("--clients", str(clients), "--users", "4", "--token-ttl-s", "2", "--fast-argon2")
-    result = _run("bench.reconnect_storm", *args, "--timeout-s", "60", "--json", str(out))
+    result = run_bench("bench.reconnect_storm", *args, "--timeout-s", "60", "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     modes = {r["mode"]: r for r in json.loads(out.read_text())["modes"]}
     assert modes["refresh"]["hashes"] == 0
@@ -172,7 +154,7 @@ def test_the_lab_measures_refreshes_per_cpu_second_of_a_running_auth_service():
 def test_commit_layout_bench_times_every_variant_and_stores_every_message(tmp_path: Path):
     out = tmp_path / "commit.json"
     args = ("--batches", "1,5", "--messages", "200", "--rooms", "20", "--warm", "5")
-    result = _run("bench.commit_layout", *args, "--repeat", "1", "--quiet", "--json", str(out))
+    result = run_bench("bench.commit_layout", *args, "--repeat", "1", "--quiet", "--json", str(out))
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())
     from bench.commit_layout import VARIANTS
@@ -191,6 +173,6 @@ def test_commit_layout_bench_times_every_variant_and_stores_every_message(tmp_pa
 
 
 def test_commit_layout_bench_refuses_an_unknown_variant():
-    result = _run("bench.commit_layout", "--variants", "current,btree-of-dreams")
+    result = run_bench("bench.commit_layout", "--variants", "current,btree-of-dreams")
     assert result.returncode == 2
     assert "unknown variants: btree-of-dreams" in result.stderr

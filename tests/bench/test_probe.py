@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.probe import CLOCK_TICKS, summarize
-from chatlab.harness import ROOT
+from tests.support.lab import run_bench
 
 SHORT = ("--connections", "100", "--step-s", "2", "--drain-s", "0.5", "--warmup-s", "1")
 
 
 def _probe(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.probe", "--quiet", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=180,
-    )
+    return run_bench("bench.probe", "--quiet", *args, timeout_s=180)
 
 
 def test_a_chat_server_probed_at_two_rates_reports_its_store_loop_and_threads(tmp_path: Path):

@@ -1,10 +1,32 @@
-"""The lab's figures stated by hand, for tests that compute the lab's functions themselves."""
+"""The lab's figures stated by hand, for tests that compute the lab's functions themselves;
+and the bench's commands run as a user runs them."""
 
 from __future__ import annotations
 
-from bench.lab.scaling import Figure, Parts
+import os
+import subprocess
+import sys
 
-__all__ = ["given", "hand_parts"]
+from bench.lab.scaling import Figure, Parts
+from chatlab.harness import ROOT
+
+__all__ = ["given", "hand_parts", "run_bench"]
+
+
+def run_bench(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>`` from the project's root, its output captured. Not as an xdist
+    worker: pytest-benchmark disables itself under xdist, and a pytest run from there
+    would take this process's ``PYTEST_XDIST_*`` for its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout_s,
+    )
 
 
 def given(value: float) -> Figure:
