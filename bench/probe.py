@@ -22,13 +22,16 @@ and rate, the loop's lag and ticks, RSS). ``--pyspy-step I`` records the server 
 py-spy (raw stacks) over the middle of step I; ``--perf-step I`` counts its syscalls per
 thread with ``perf stat`` (both need the tool, and root or ptrace rights).
 
-Writes ``steps.json`` (the driver's), ``samples.json``, ``summary.json`` and the logs into
-``--out`` (``reports/<time>-probe``). It owns the machine while it runs: run nothing else.
+Writes ``steps.json`` (the driver's), ``samples.json``, ``summary.json``, ``probe.png``
+(the looks against time: CPU, the sockets' queues, the store's queue and the loop's lag,
+each step shaded) and the logs into ``--out`` (``reports/<time>-probe``). It owns the machine
+while it runs: run nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -45,11 +48,12 @@ import psutil
 
 from bench.lab.capacity import fast_driver
 from bench.lab.matrix import Load
+from bench.lab.plots import new_figure, save_png
 from bench.lab.target import RelayProcess
 from chatlab.harness import ROOT, KeyPair, ServerProcess, free_port, pin_this_thread
 from chatlab.settings import parse_core_list
 
-__all__ = ["main", "summarize"]
+__all__ = ["main", "plot", "summarize"]
 
 #: the syscalls ``--perf-step`` counts (tracepoints), per thread
 PERF_SYSCALLS = (
@@ -293,6 +297,60 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(steps: list[dict[str, Any]], samples: list[dict[str, Any]], out_png: Path) -> Path:
+    """The sampler's looks against time, each step's send phase shaded and labelled with its
+    rate: the server's CPU (% of a core), the sockets' queues (KB unread and unsent), and,
+    for the chat server, its store's queue and its loop's lag: where a backlog sits and
+    when the loop's iterations grow."""
+    looks = [s for s in samples if "err" not in s]
+    chat = any("stats" in s for s in looks)
+    fig, axes = new_figure(3 if chat else 2, row_height=2.6, sharex=True)
+    t = [s["t"] for s in looks]
+    cpu = [
+        100 * (b["cpu_user"] + b["cpu_sys"] - a["cpu_user"] - a["cpu_sys"]) / (b["t"] - a["t"])
+        for a, b in itertools.pairwise(looks)
+    ]
+    axes[0].plot(t[1:], cpu, color="tab:blue", linewidth=1)
+    axes[0].set_ylabel("server CPU (% of a core)")
+    axes[0].set_ylim(0, 110)
+    axes[1].plot(t, [s["recv_q"] / 1e3 for s in looks], color="tab:orange", label="unread (recv-Q)")
+    axes[1].plot(t, [s["send_q"] / 1e3 for s in looks], color="tab:green", label="unsent (send-Q)")
+    axes[1].set_ylabel("socket queues (KB)")
+    axes[1].legend(loc="upper left", fontsize=7)
+    if chat:
+        stats = [s for s in looks if "stats" in s]
+        axes[2].plot(
+            [s["t"] for s in stats],
+            [s["stats"]["store"]["queue_depth"] for s in stats],
+            color="tab:purple",
+            label="sends waiting for their commit",
+        )
+        axes[2].set_ylabel("store queue")
+        lag = axes[2].twinx()
+        ticks = [
+            (b["t"], 1e3 * (lb["sum_s"] - la["sum_s"]) / (lb["count"] - la["count"]))
+            for a, b in itertools.pairwise(stats)
+            if (la := a["stats"]["tail"]["loop_lag"])["count"]
+            < (lb := b["stats"]["tail"]["loop_lag"])["count"]
+        ]
+        lag.plot([x for x, _ in ticks], [y for _, y in ticks], color="tab:red", linewidth=1)
+        lag.set_ylabel("loop lag, mean (ms)", color="tab:red")
+        axes[2].legend(loc="upper left", fontsize=7)
+    for ax in axes:
+        for step in steps:
+            start = step["started_s"]
+            ax.axvspan(start, start + step["duration_s"], color="tab:gray", alpha=0.08)
+    for step in steps:
+        axes[0].annotate(
+            f"{step.get('offered_per_s') or 0:,.0f}/s",
+            (step["started_s"], 104),
+            fontsize=7,
+        )
+    axes[0].set_title("the server from outside, each step's send phase shaded", fontsize=9)
+    axes[-1].set_xlabel("seconds from the start")
+    return save_png(fig, out_png)
+
+
 # ---- the run -----------------------------------------------------------------------------
 
 
@@ -424,6 +482,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     steps = steps["steps"] if isinstance(steps, dict) else steps
     rows = summarize(steps, samples)
     (out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if len([s for s in samples if "err" not in s]) >= 2:
+        plot(steps, samples, out / "probe.png")
     return rows
 
 
@@ -474,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out = ROOT / "reports" / f"{stamp}-probe"
     rows = run(args)
     print(table(rows))
-    print(f"wrote {args.out}/summary.json, steps.json, samples.json")
+    print(f"wrote {args.out}/summary.json, probe.png, steps.json, samples.json")
     return 0
 
 

@@ -36,6 +36,7 @@ def test_a_chat_server_probed_at_two_rates_reports_its_store_loop_and_threads(tm
     samples = json.loads((out / "samples.json").read_text())
     assert len([s for s in samples if "err" not in s]) >= 8  # 0.25 s apart over ~6 s
     assert "sends/s" in result.stdout and "summary.json" in result.stdout
+    assert (out / "probe.png").read_bytes().startswith(b"\x89PNG")  # the looks against time
 
 
 def test_a_floor_relay_is_probed_without_the_servers_own_figures(tmp_path: Path):
@@ -45,6 +46,7 @@ def test_a_floor_relay_is_probed_without_the_servers_own_figures(tmp_path: Path)
     (row,) = json.loads((out / "summary.json").read_text())
     assert row["lost"] == 0 and row["cpu_us_per_frame"] > 0
     assert "commit_size" not in row and row["send_q_max"] >= 0
+    assert (out / "probe.png").read_bytes().startswith(b"\x89PNG")  # no store panel, still drawn
 
 
 def test_the_relay_takes_no_server_settings():
