@@ -50,7 +50,8 @@ from bench.lab.capacity import fast_driver
 from bench.lab.matrix import Load
 from bench.lab.plots import new_figure, save_png
 from bench.lab.target import RelayProcess
-from chatlab.harness import ROOT, KeyPair, ServerProcess, free_port, pin_this_thread
+from bench.tail import start_chat
+from chatlab.harness import ROOT, pin_this_thread
 from chatlab.settings import parse_core_list
 
 __all__ = ["main", "plot", "summarize"]
@@ -361,25 +362,15 @@ def start(args: argparse.Namespace, workdir: Path) -> tuple[Any, str, int, str |
         relay = RelayProcess(workdir, cores, transport=args.transport, mode=args.relay_mode)
         relay.start()
         return relay, relay.url, relay.proc.pid, None, None
-    keys = KeyPair(workdir)
-    tokens = workdir / "tokens.json"
-    users = max(1, args.connections // args.room_size)
-    tokens.write_text(json.dumps({f"probe{i}": keys.mint(f"probe{i}", 3600) for i in range(users)}))
     env = dict(pair.split("=", 1) for pair in args.env)
-    server = ServerProcess(
+    defaults = {"serializer": "orjson", "event_loop": "uvloop", "ws_deflate": "off"}
+    server, tokens, _ = start_chat(
         workdir,
-        keys,
-        cpu_affinity=args.server_core,
-        metrics_port=free_port(),
-        rate_limit_per_s=100000,
-        rate_limit_burst=100000,
-        max_connections=args.connections + 100,
-        log_level="warning",
-        transport=args.transport,
-        **{"serializer": "orjson", "event_loop": "uvloop", "ws_deflate": "off"}
-        | {k.lower(): v for k, v in env.items()},
+        defaults | {"transport": args.transport} | {k.lower(): v for k, v in env.items()},
+        server_core=args.server_core,
+        connections=args.connections,
+        room_size=args.room_size,
     )
-    server.start(timeout_s=30)
     return server, server.url, server.proc.pid, server.http_url("/stats"), tokens
 
 

@@ -129,26 +129,46 @@ def start_server(
         return relay, Target("relay", relay.url), None
     root = env.get(SERVER_ROOT)
     env = {k: v for k, v in env.items() if k != SERVER_ROOT}
+    server, tokens, metrics_port = start_chat(
+        workdir, env, server_core=args.server_core, connections=args.connections, root=root
+    )
+    return server, Target("chat", server.url, tokens), metrics_port
+
+
+def start_chat(
+    workdir: Path,
+    env: dict[str, str],
+    *,
+    server_core: str,
+    connections: int,
+    room_size: int = 10,
+    root: str | None = None,
+) -> tuple[ServerProcess, Path, int]:
+    """A fresh chat server for the lab's driver: pinned to ``server_core``, with ``env``
+    (settings by name), a metrics port, rate limits raised and room for ``connections``;
+    it, a file of tokens for the driver (one user per room of ``room_size``) and its
+    metrics port.
+    ``root``: its code from another checkout (an older commit, to compare)."""
     keys = KeyPair(workdir)
     tokens = workdir / "tokens.json"
-    users = max(1, args.connections // 10)
-    tokens.write_text(json.dumps({f"tail{i}": keys.mint(f"tail{i}", 3600) for i in range(users)}))
     metrics_port = free_port()
+    users = max(1, connections // room_size)
+    tokens.write_text(json.dumps({f"load{i}": keys.mint(f"load{i}", 3600) for i in range(users)}))
     server = ServerProcess(
         workdir,
         keys,
-        cpu_affinity=args.server_core,
+        cpu_affinity=server_core,
         metrics_port=metrics_port,
         rate_limit_per_s=100000,
         rate_limit_burst=100000,
-        max_connections=args.connections + 100,
+        max_connections=connections + 100,
         log_level="warning",
         **env,
     )
-    if root is not None:  # its code from another checkout (an older commit, to compare)
+    if root is not None:
         server.env["PYTHONPATH"] = str(Path(root).resolve())
     server.start(timeout_s=30)
-    return server, Target("chat", server.url, tokens), metrics_port
+    return server, tokens, metrics_port
 
 
 def env_rate(args: argparse.Namespace, env: dict[str, str]) -> float:

@@ -4,8 +4,6 @@ verdicts, and one short real run of both variants."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from bench.overload import (
     share,
     with_defaults,
 )
-from chatlab.harness import ROOT
+from tests.support.lab import run_bench
 
 
 def test_the_schedule_is_whole_steps_of_each_phase_at_its_share_of_the_knee():
@@ -168,18 +166,12 @@ def test_a_short_overload_refuses_sends_with_the_shedder_and_none_without(tmp_pa
     out = tmp_path / "overload.json"
     # cpu_per_send: each send burns 1 ms of CPU on the loop, so the server saturates near 1,000
     # sends/s on any machine, and 1.4x a knee of 1,000 is past it
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "bench.overload", "--knee-rate", "1000", "--over", "1.4"),
-            *("--connections", "200", "--env", "REGRESSION=cpu_per_send"),
-            *("--before-s", "2", "--over-s", "3", "--after-s", "2", "--step-s", "1"),
-            *("--warmup-s", "1", "--json", str(out)),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = run_bench(
+        *("bench.overload", "--knee-rate", "1000", "--over", "1.4"),
+        *("--connections", "200", "--env", "REGRESSION=cpu_per_send"),
+        *("--before-s", "2", "--over-s", "3", "--after-s", "2", "--step-s", "1"),
+        *("--warmup-s", "1", "--json", str(out)),
+        timeout_s=120,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
