@@ -34,11 +34,14 @@ another process held (both from the thread's schedstat, :func:`demand_clock`; st
 neither), against the wall clock over the same span. A server with more work than its
 share of a core sheds; one that was paused or asleep does not.
 
-A refused send costs its decode and an error frame, a small part of an accepted one's
-commit, ack and fan-out, so shedding frees the loop: the accepted sends are served
-within about the target, and the rest are told at once to come back.
-Only sends are shed: joins, history pages and presence are bounded on their own
-(docs/protocol.md, Limits). No I/O: the ticker calls :meth:`LoadShedder.observe`.
+A refused send is decoded and answered with one error frame, and is not committed,
+acked or fanned out, so shedding gives the loop back to the sends it accepts, and the
+rest are told at once to come back; how fast the accepted ones are then served
+past the knee is what ``python -m bench.overload`` measures
+(docs/decisions/0022-overload.md). Only sends are shed: joins, history pages and
+presence are bounded on their own (docs/protocol.md, Limits). The ticker calls
+:meth:`LoadShedder.observe`; its only read is the thread's schedstat (one ``pread``),
+and a send reads it only when no tick came for ``target_s + interval_s``.
 """
 
 from __future__ import annotations
